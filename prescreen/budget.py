@@ -1,0 +1,141 @@
+"""Device-memory budget: total memory of the target device times a ratio."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+
+from prescreen.errors import ConfigError
+
+DEFAULT_RATIO = 0.25
+RATIO_ENV = "PRESCREEN_MAX_BENCHMARK_MEMORY_RATIO"
+NPU_RATIO_ENV = "INDUCTOR_ASCEND_SYMBOLIC_GROUP_MAX_BENCHMARK_MEMORY_RATIO"
+MEMORY_ENV = "PRESCREEN_DEVICE_MEMORY"
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_MEMORY_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_memory(text: str | int) -> int:
+    """Bytes from ``"64GiB"``, ``"80GB"``, ``"512MiB"`` or a plain integer."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text <= 0:
+            raise ConfigError(f"device memory must be positive, got {text}")
+        return text
+    match = _MEMORY_RE.match(str(text))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _UNITS:
+        raise ConfigError(f"invalid memory size {text!r} (expected e.g. 64GiB, 80GB, 512MiB or a byte count)")
+    value = int(float(match.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise ConfigError(f"device memory must be positive, got {text!r}")
+    return value
+
+
+def format_bytes(n: int | None) -> str:
+    """Human-readable binary size: ``1.5 GiB``."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def parse_ratio(text: str | float, source: str = "ratio") -> float:
+    """A ratio in (0, 1]; anything else is a ``ConfigError`` naming ``source``."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{source}={text!r} is not a number (expected a ratio in (0, 1])") from None
+    if not math.isfinite(value) or value <= 0.0 or value > 1.0:
+        raise ConfigError(f"{source}={text!r} is out of range (expected a ratio in (0, 1])")
+    return value
+
+
+def resolve_ratio(explicit: float | str | None = None) -> float:
+    """Explicit value, else ``$PRESCREEN_...``, else torch_npu's env var, else 0.25."""
+    if explicit is not None:
+        return parse_ratio(explicit, "--ratio")
+    for env in (RATIO_ENV, NPU_RATIO_ENV):
+        raw = os.environ.get(env)
+        if raw is not None and raw.strip() != "":
+            return parse_ratio(raw, env)
+    return DEFAULT_RATIO
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeviceMemory:
+    """The device a decision is for: kind (cuda, npu, cpu) and total bytes."""
+
+    kind: str
+    total_bytes: int
+    source: str  # "device", "override" or "env"
+
+
+def _device_kind(device: object) -> str:
+    if device is None:
+        return "cpu"
+    kind = getattr(device, "type", None)
+    return str(kind if kind is not None else str(device).split(":")[0])
+
+
+def device_memory(device: object = None, override: str | int | None = None) -> DeviceMemory:
+    """Total memory of ``device`` (torch.cuda / torch.npu), or an explicit override.
+
+    The override (argument, else ``$PRESCREEN_DEVICE_MEMORY``) lets a CPU-only
+    build box plan for other hardware; for a CPU device without one, the host's
+    physical memory is used.
+    """
+    kind = _device_kind(device)
+    if override is not None:
+        return DeviceMemory(kind, parse_memory(override), "override")
+    env = os.environ.get(MEMORY_ENV)
+    if env:
+        try:
+            return DeviceMemory(kind, parse_memory(env), "env")
+        except ConfigError as exc:
+            raise ConfigError(f"{MEMORY_ENV}: {exc}") from None
+    import torch
+
+    if kind in ("cuda", "npu", "xpu"):
+        backend = getattr(torch, kind, None)
+        if backend is None or not backend.is_available():
+            raise ConfigError(f"device {device!s} is not available here; pass --device-memory or set {MEMORY_ENV}")
+        props = backend.get_device_properties(device)
+        total = int(props.total_memory)
+        if total <= 0:
+            raise ConfigError(f"device {device!s} reports invalid total memory {total}")
+        return DeviceMemory(kind, total, "device")
+    if kind == "cpu":
+        return DeviceMemory(kind, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "device")
+    raise ConfigError(f"unknown device {device!s}; pass --device-memory or set {MEMORY_ENV}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Budget:
+    """The bytes a benchmark may synthesize: ``int(total * ratio)``, inclusive."""
+
+    device_kind: str
+    total_memory: int
+    ratio: float
+
+    @property
+    def budget_bytes(self) -> int:
+        return int(self.total_memory * self.ratio)
+
+    def admits(self, nbytes: int) -> bool:
+        return nbytes <= self.budget_bytes
+
+    @staticmethod
+    def for_device(device: object = None, memory: str | int | None = None, ratio: float | str | None = None) -> "Budget":
+        mem = device_memory(device, memory)
+        return Budget(mem.kind, mem.total_bytes, resolve_ratio(ratio))

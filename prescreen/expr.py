@@ -1,0 +1,197 @@
+"""Size/stride expression trees: const, axis_name, runtime_arg_index, mul, add, floordiv.
+
+The payload form is the one torch_npu's Inductor writes into ``inductor_meta``:
+``{"const": 3}``, ``{"axis_name": "x0"}``, ``{"runtime_arg_index": 2}``,
+``{"mul": [a, b, ...]}``, ``{"add": [a, b, ...]}``, ``{"floordiv": [a, b]}``.
+A bare int is accepted as a constant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Union
+
+import sympy
+
+from prescreen.errors import NotBounded, Reason
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Const:
+    value: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Axis:
+    name: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RuntimeArg:
+    index: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Mul:
+    operands: tuple["Expr", ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Add:
+    operands: tuple["Expr", ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FloorDiv:
+    numerator: "Expr"
+    denominator: "Expr"
+
+
+Expr = Union[Const, Axis, RuntimeArg, Mul, Add, FloorDiv]
+
+_NARY = {"mul": Mul, "add": Add}
+
+
+def _int(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise NotBounded(Reason.UNKNOWN_EXPR, f"{what} must be an int, got {value!r}")
+    return int(value)
+
+
+def expr_from_payload(payload: object) -> Expr:
+    """Parse one payload expression; an unknown node raises ``NotBounded``."""
+    if isinstance(payload, int) and not isinstance(payload, bool):
+        return Const(int(payload))
+    if isinstance(payload, sympy.Integer):
+        return Const(int(payload))
+    if not isinstance(payload, Mapping) or len(payload) != 1:
+        raise NotBounded(Reason.UNKNOWN_EXPR, f"unsupported expression node {payload!r}")
+    ((key, value),) = payload.items()
+    if key == "const":
+        return Const(_int(value, "const"))
+    if key == "axis_name":
+        if not isinstance(value, str) or not value:
+            raise NotBounded(Reason.UNKNOWN_EXPR, f"axis_name must be a name, got {value!r}")
+        return Axis(value)
+    if key == "runtime_arg_index":
+        return RuntimeArg(_int(value, "runtime_arg_index"))
+    if key in _NARY:
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value:
+            raise NotBounded(Reason.UNKNOWN_EXPR, f"{key} needs a non-empty operand list, got {value!r}")
+        return _NARY[key](tuple(expr_from_payload(v) for v in value))
+    if key == "floordiv":
+        if not isinstance(value, (list, tuple)) or len(value) != 2:
+            raise NotBounded(Reason.UNKNOWN_EXPR, f"floordiv needs two operands, got {value!r}")
+        return FloorDiv(expr_from_payload(value[0]), expr_from_payload(value[1]))
+    raise NotBounded(Reason.UNKNOWN_EXPR, f"unsupported expression node {key!r}")
+
+
+def expr_to_payload(expr: Expr) -> dict[str, object]:
+    """The JSON payload form of ``expr`` (inverse of ``expr_from_payload``)."""
+    if isinstance(expr, Const):
+        return {"const": expr.value}
+    if isinstance(expr, Axis):
+        return {"axis_name": expr.name}
+    if isinstance(expr, RuntimeArg):
+        return {"runtime_arg_index": expr.index}
+    if isinstance(expr, Mul):
+        return {"mul": [expr_to_payload(e) for e in expr.operands]}
+    if isinstance(expr, Add):
+        return {"add": [expr_to_payload(e) for e in expr.operands]}
+    if isinstance(expr, FloorDiv):
+        return {"floordiv": [expr_to_payload(expr.numerator), expr_to_payload(expr.denominator)]}
+    raise NotBounded(Reason.UNKNOWN_EXPR, f"unsupported expression node {expr!r}")
+
+
+def evaluate(expr: Expr, env: Mapping[str, int]) -> int:
+    """Evaluate ``expr`` with axis values from ``env``; fails closed."""
+    if isinstance(expr, Const):
+        return expr.value
+    if isinstance(expr, Axis):
+        if expr.name not in env:
+            raise NotBounded(Reason.MISSING_AXIS, f"axis {expr.name!r} has no value in this group")
+        return int(env[expr.name])
+    if isinstance(expr, RuntimeArg):
+        raise NotBounded(
+            Reason.RUNTIME_DEPENDENT,
+            f"expression depends on runtime argument #{expr.index} and cannot be bounded at codegen",
+        )
+    if isinstance(expr, Mul):
+        product = 1
+        for operand in expr.operands:
+            product *= evaluate(operand, env)
+        return product
+    if isinstance(expr, Add):
+        return sum(evaluate(operand, env) for operand in expr.operands)
+    if isinstance(expr, FloorDiv):
+        num = evaluate(expr.numerator, env)
+        den = evaluate(expr.denominator, env)
+        if den == 0:
+            raise NotBounded(Reason.DIVISION_BY_ZERO, f"floordiv by zero ({num} // 0)")
+        return num // den
+    raise NotBounded(Reason.UNKNOWN_EXPR, f"unsupported expression node {expr!r}")
+
+
+def free_axes(expr: Expr) -> frozenset[str]:
+    """Axis names ``expr`` refers to."""
+    if isinstance(expr, Axis):
+        return frozenset((expr.name,))
+    if isinstance(expr, (Mul, Add)):
+        return frozenset().union(*(free_axes(e) for e in expr.operands))
+    if isinstance(expr, FloorDiv):
+        return free_axes(expr.numerator) | free_axes(expr.denominator)
+    return frozenset()
+
+
+def expr_from_sympy(
+    expr: sympy.Expr | int,
+    axis_names: Mapping[sympy.Symbol | str, str] | None = None,
+    runtime_args: Mapping[sympy.Symbol | str, int] | None = None,
+) -> Expr:
+    """Convert a sympy expression over named axes into an expression tree.
+
+    ``axis_names`` maps a symbol (or its name) to the axis it stands for; by
+    default each symbol is an axis of its own name. ``runtime_args`` maps
+    symbols bound only at run time to their argument index. Anything else
+    (``Mod``, ``Max``, a non-integer power, rationals) raises ``NotBounded``.
+    """
+    if isinstance(expr, bool):
+        raise NotBounded(Reason.UNKNOWN_EXPR, f"unsupported sympy node {expr!r}")
+    if isinstance(expr, int):
+        return Const(expr)
+    if isinstance(expr, sympy.Integer):
+        return Const(int(expr))
+    if isinstance(expr, sympy.Symbol):
+        for table, build in ((runtime_args, RuntimeArg), (axis_names, Axis)):
+            if table is not None:
+                for key in (expr, expr.name):
+                    if key in table:
+                        return build(table[key])  # type: ignore[arg-type]
+        if axis_names is None:
+            return Axis(expr.name)
+        raise NotBounded(Reason.MISSING_AXIS, f"symbol {expr.name} is not a known axis")
+    if isinstance(expr, sympy.Add):
+        return Add(tuple(expr_from_sympy(a, axis_names, runtime_args) for a in expr.args))
+    if isinstance(expr, sympy.Mul):
+        return Mul(tuple(expr_from_sympy(a, axis_names, runtime_args) for a in expr.args))
+    if isinstance(expr, sympy.Pow):
+        base, exp = expr.args
+        if isinstance(exp, sympy.Integer) and int(exp) >= 1:
+            term = expr_from_sympy(base, axis_names, runtime_args)
+            return Mul(tuple(term for _ in range(int(exp))))
+        raise NotBounded(Reason.UNKNOWN_EXPR, f"unsupported power {expr}")
+    if type(expr).__name__ == "FloorDiv" and len(expr.args) == 2:
+        num, den = expr.args
+        return FloorDiv(
+            expr_from_sympy(num, axis_names, runtime_args),
+            expr_from_sympy(den, axis_names, runtime_args),
+        )
+    if isinstance(expr, sympy.floor) and isinstance(expr.args[0], sympy.Mul):
+        num, den = sympy.fraction(expr.args[0])
+        if den != 1:
+            return FloorDiv(
+                expr_from_sympy(num, axis_names, runtime_args),
+                expr_from_sympy(den, axis_names, runtime_args),
+            )
+    raise NotBounded(Reason.UNKNOWN_EXPR, f"unsupported sympy node {type(expr).__name__}: {expr}")

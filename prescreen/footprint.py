@@ -1,0 +1,119 @@
+"""Benchmark memory footprint of a grouped plan over its representative groups."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+
+from prescreen.errors import NotBounded, Reason
+from prescreen.expr import evaluate
+from prescreen.plan import KernelPlan, SizeArg, TensorArg, WorkspaceArg
+from prescreen.representatives import Representatives
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ArgFootprint:
+    """Bytes one benchmark argument takes in one group."""
+
+    group_id: int
+    name: str
+    kind: str
+    dtype: str
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    num_bytes: int
+
+    def to_payload(self) -> dict[str, object]:
+        d = dataclasses.asdict(self)
+        d["size"], d["stride"] = list(self.size), list(self.stride)
+        return d
+
+    @staticmethod
+    def from_payload(d: dict[str, object]) -> "ArgFootprint":
+        return ArgFootprint(
+            group_id=int(d["group_id"]),  # type: ignore[call-overload]
+            name=str(d["name"]),
+            kind=str(d["kind"]),
+            dtype=str(d["dtype"]),
+            size=tuple(int(x) for x in d["size"]),  # type: ignore[attr-defined]
+            stride=tuple(int(x) for x in d["stride"]),  # type: ignore[attr-defined]
+            num_bytes=int(d["num_bytes"]),  # type: ignore[call-overload]
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Footprint:
+    """Synthetic bytes summed over reachable groups plus the peak mutated clone."""
+
+    synthetic_bytes: int
+    mutated_clone_bytes: int
+    total_bytes: int
+    group_bytes: tuple[tuple[int, int], ...]
+    largest_group_id: int | None
+    dominant_arg: ArgFootprint | None
+
+
+def required_storage_numel(size: Sequence[int], stride: Sequence[int]) -> int:
+    """Elements a strided tensor's storage needs (PyTorch's computeStorageNbytes)."""
+    size, stride = tuple(int(d) for d in size), tuple(int(s) for s in stride)
+    if len(size) != len(stride):
+        raise NotBounded(Reason.RANK_MISMATCH, f"size/stride rank mismatch: size={size} stride={stride}")
+    if any(d < 0 for d in size):
+        raise NotBounded(Reason.NEGATIVE_SIZE, f"negative benchmark tensor size {size}")
+    if any(s < 0 for s in stride):
+        raise NotBounded(Reason.NEGATIVE_STRIDE, f"negative benchmark tensor stride {stride}")
+    if any(d == 0 for d in size):
+        return 0
+    return 1 + sum((d - 1) * s for d, s in zip(size, stride))
+
+
+def dtype_itemsize(name: str) -> int:
+    """Item size of a dtype named like ``torch.float16`` or ``float16``."""
+    dtype = getattr(torch, name.removeprefix("torch."), None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise NotBounded(Reason.UNKNOWN_DTYPE, f"unknown dtype {name!r}")
+    return int(dtype.itemsize)
+
+
+def _canonical_dtype(name: str) -> str:
+    return str(getattr(torch, name.removeprefix("torch.")))
+
+
+def estimate_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
+    """Estimate the bytes the grouped autotune benchmark synthesizes; fails closed."""
+    mutated = set(plan.mutated_arg_names)
+    synthetic = peak_clone = 0
+    group_bytes: list[tuple[int, int]] = []
+    dominant: ArgFootprint | None = None
+    for group in reps.groups:
+        env = dict(group.axis_values)
+        current = current_mutated = 0
+        for arg in plan.args:
+            if isinstance(arg, SizeArg):
+                continue
+            if isinstance(arg, TensorArg):
+                size = tuple(evaluate(e, env) for e in arg.size)
+                stride = tuple(evaluate(e, env) for e in arg.stride)
+                nbytes = required_storage_numel(size, stride) * dtype_itemsize(arg.dtype)
+            elif isinstance(arg, WorkspaceArg):
+                count = evaluate(arg.count, env)
+                if count < 0:
+                    raise NotBounded(Reason.NEGATIVE_SIZE, f"negative workspace count {count} for {arg.name!r}")
+                size, stride = (count,), (1,)
+                nbytes = count * dtype_itemsize(arg.dtype)
+            else:  # pragma: no cover - the plan model admits nothing else
+                raise NotBounded(Reason.INVALID_PLAN, f"unsupported arg {arg!r}")
+            current += nbytes
+            if arg.name in mutated:
+                current_mutated += nbytes
+            if dominant is None or nbytes > dominant.num_bytes:
+                dominant = ArgFootprint(
+                    group.group_id, arg.name, arg.kind, _canonical_dtype(arg.dtype), size, stride, nbytes
+                )
+        group_bytes.append((group.group_id, current))
+        synthetic += current
+        peak_clone = max(peak_clone, current_mutated)
+    largest = max(group_bytes, key=lambda item: item[1])[0] if group_bytes else None
+    return Footprint(synthetic, peak_clone, synthetic + peak_clone, tuple(group_bytes), largest, dominant)

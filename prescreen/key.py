@@ -1,0 +1,73 @@
+"""Store keys: sha256 over plan, shape family, device, ratio and versions."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from importlib import metadata
+
+from prescreen.budget import Budget
+from prescreen.decision import ESTIMATOR_VERSION
+from prescreen.errors import NotBounded
+from prescreen.plan import KernelPlan, canonical_json
+from prescreen.representatives import Representatives
+
+#: Bumped whenever the stored entry layout changes.
+SCHEMA_VERSION = 1
+
+
+@functools.lru_cache(maxsize=None)
+def library_versions() -> tuple[tuple[str, str], ...]:
+    """Versions of the libraries whose behaviour a decision depends on."""
+    out = []
+    for dist in ("torch", "torch_npu", "triton", "triton-ascend"):
+        try:
+            version = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            version = "absent"
+        out.append((dist, version))
+    return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeyParts:
+    """Everything a key is made of; shown by ``prescreen inspect KEY``."""
+
+    plan_hash: str
+    family_hash: str
+    device_kind: str
+    total_memory: int
+    ratio: float
+    schema_version: int
+    estimator_version: int
+    versions: tuple[tuple[str, str], ...]
+
+    def to_payload(self) -> dict[str, object]:
+        d = dataclasses.asdict(self)
+        d["versions"] = {name: version for name, version in self.versions}
+        return d
+
+    def digest(self) -> str:
+        return hashlib.sha256(canonical_json(self.to_payload()).encode()).hexdigest()
+
+
+def family_hash(reps: Representatives | NotBounded) -> str:
+    """sha256 of the shape family; an unboundable family hashes its error."""
+    text = canonical_json({"not_bounded": str(reps)}) if isinstance(reps, NotBounded) else reps.family_json()
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def build_key(plan: KernelPlan, reps: Representatives | NotBounded, budget: Budget) -> tuple[str, KeyParts]:
+    """The store key for deciding ``plan`` under ``budget``, and its parts."""
+    parts = KeyParts(
+        plan_hash=plan.plan_hash(),
+        family_hash=family_hash(reps),
+        device_kind=budget.device_kind,
+        total_memory=budget.total_memory,
+        ratio=budget.ratio,
+        schema_version=SCHEMA_VERSION,
+        estimator_version=ESTIMATOR_VERSION,
+        versions=library_versions(),
+    )
+    return parts.digest(), parts

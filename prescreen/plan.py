@@ -1,0 +1,289 @@
+"""Typed model of a kernel's grouped benchmark plan, and its payload conversion.
+
+The payload is the dict torch_npu's Inductor writes into ``inductor_meta``:
+``group_features``, ``axis_names``, ``axis_static_values``, ``ordered_arg_specs``
+and ``mutated_arg_names`` (plus ``kernel_name``, which is kept but not hashed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Literal, Union, get_args
+
+from prescreen.errors import NotBounded, Reason
+from prescreen.expr import Expr, expr_from_payload, expr_to_payload
+
+FeatureSource = Literal["primary_axis", "outer_product", "reduction_product", "axis"]
+FEATURE_SOURCES: tuple[str, ...] = get_args(FeatureSource)
+
+#: kernel_name values Inductor writes before the real name is known.
+_NAME_PLACEHOLDERS = ("KERNEL_NAME", "DESCRIPTIVE_NAME", "")
+
+
+def _bad(detail: str) -> NotBounded:
+    return NotBounded(Reason.INVALID_PLAN, detail)
+
+
+def _seq(value: object, field: str) -> Sequence[object]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise _bad(f"{field} must be a list, got {value!r}")
+    return value
+
+
+def _str(value: object, field: str) -> str:
+    if not isinstance(value, str):
+        raise _bad(f"{field} must be a string, got {value!r}")
+    return value
+
+
+def _int(value: object, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            import sympy
+
+            if isinstance(value, sympy.Integer):
+                return int(value)
+        except ImportError:  # pragma: no cover - sympy is a dependency
+            pass
+        raise _bad(f"{field} must be an int, got {value!r}")
+    return int(value)
+
+
+def _map(value: object, field: str) -> Mapping[str, object]:
+    if not isinstance(value, Mapping):
+        raise _bad(f"{field} must be a mapping, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GroupFeature:
+    """One grouping feature: a value bucketed by ascending upper bounds."""
+
+    name: str
+    source: FeatureSource
+    axis_names: tuple[str, ...]
+    buckets: tuple[int, ...]
+
+    @staticmethod
+    def from_payload(payload: object, where: str = "group_features[]") -> "GroupFeature":
+        m = _map(payload, where)
+        source = _str(m.get("source"), f"{where}.source")
+        if source not in FEATURE_SOURCES:
+            raise _bad(f"{where}.source {source!r} is not one of {', '.join(FEATURE_SOURCES)}")
+        buckets = tuple(_int(b, f"{where}.buckets[]") for b in _seq(m.get("buckets"), f"{where}.buckets"))
+        if any(later <= earlier for earlier, later in zip(buckets, buckets[1:])):
+            raise _bad(f"{where}.buckets must be strictly ascending, got {list(buckets)}")
+        return GroupFeature(
+            name=_str(m.get("name"), f"{where}.name"),
+            source=source,  # type: ignore[arg-type]
+            axis_names=tuple(_str(a, f"{where}.axis_names[]") for a in _seq(m.get("axis_names"), f"{where}.axis_names")),
+            buckets=buckets,
+        )
+
+    def to_payload(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "source": self.source,
+            "axis_names": list(self.axis_names),
+            "buckets": list(self.buckets),
+        }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TensorArg:
+    """A tensor the benchmark synthesizes, from a graph buffer or a constant."""
+
+    name: str
+    source: Literal["buffer", "constant"]
+    size: tuple[Expr, ...]
+    stride: tuple[Expr, ...]
+    dtype: str
+    device: str
+
+    kind = "tensor"
+
+    def to_payload(self) -> dict[str, object]:
+        return {
+            "kind": "tensor",
+            "source": self.source,
+            "name": self.name,
+            "dtype": self.dtype,
+            "device": self.device,
+            "size_exprs": [expr_to_payload(e) for e in self.size],
+            "stride_exprs": [expr_to_payload(e) for e in self.stride],
+        }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkspaceArg:
+    """A scratch buffer of ``count`` elements the kernel needs."""
+
+    name: str
+    count: Expr
+    dtype: str
+    device: str
+    zero_mode: str
+
+    kind = "workspace"
+
+    def to_payload(self) -> dict[str, object]:
+        return {
+            "kind": "workspace",
+            "source": "workspace",
+            "name": self.name,
+            "count_expr": expr_to_payload(self.count),
+            "dtype": self.dtype,
+            "device": self.device,
+            "zero_mode": self.zero_mode,
+        }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SizeArg:
+    """A scalar size argument: passed at run time, or an axis expression."""
+
+    name: str
+    source: Literal["runtime_arg", "axis_expr"]
+    index: int | None = None
+    expr: Expr | None = None
+
+    kind = "size"
+
+    def to_payload(self) -> dict[str, object]:
+        out: dict[str, object] = {"kind": "size", "source": self.source, "name": self.name}
+        if self.source == "runtime_arg":
+            out["index"] = self.index
+        else:
+            assert self.expr is not None
+            out["expr"] = expr_to_payload(self.expr)
+        return out
+
+
+ArgSpec = Union[TensorArg, WorkspaceArg, SizeArg]
+
+
+def _dtype_name(value: object, field: str) -> str:
+    """``torch.float16`` objects and strings both become ``"torch.float16"``."""
+    if isinstance(value, str):
+        return value
+    text = str(value)
+    if text.startswith("torch."):
+        return text
+    raise _bad(f"{field} must be a dtype name, got {value!r}")
+
+
+def arg_from_payload(payload: object, where: str) -> ArgSpec:
+    """Parse one ``ordered_arg_specs`` entry."""
+    m = _map(payload, where)
+    kind, source = m.get("kind"), m.get("source")
+    name = _str(m.get("name"), f"{where}.name")
+    if kind == "tensor" and source in ("buffer", "constant"):
+        size = tuple(expr_from_payload(e) for e in _seq(m.get("size_exprs"), f"{where}.size_exprs"))
+        stride = tuple(expr_from_payload(e) for e in _seq(m.get("stride_exprs"), f"{where}.stride_exprs"))
+        return TensorArg(
+            name=name,
+            source=source,  # type: ignore[arg-type]
+            size=size,
+            stride=stride,
+            dtype=_dtype_name(m.get("dtype"), f"{where}.dtype"),
+            device=str(m.get("device", "")),
+        )
+    if kind == "workspace" and source == "workspace":
+        return WorkspaceArg(
+            name=name,
+            count=expr_from_payload(m.get("count_expr")),
+            dtype=_dtype_name(m.get("dtype"), f"{where}.dtype"),
+            device=str(m.get("device", "")),
+            zero_mode=str(m.get("zero_mode", "NONE")),
+        )
+    if kind == "size" and source == "runtime_arg":
+        return SizeArg(name=name, source="runtime_arg", index=_int(m.get("index"), f"{where}.index"))
+    if kind == "size" and source == "axis_expr":
+        return SizeArg(name=name, source="axis_expr", expr=expr_from_payload(m.get("expr")))
+    raise _bad(f"{where} has unsupported kind={kind!r} source={source!r}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KernelPlan:
+    """Everything the footprint estimator needs to know about one kernel."""
+
+    group_features: tuple[GroupFeature, ...]
+    axis_names: tuple[str, ...]
+    axis_static_values: tuple[tuple[str, int], ...]
+    args: tuple[ArgSpec, ...]
+    mutated_arg_names: tuple[str, ...] = ()
+    kernel_name: str = ""
+
+    @property
+    def is_dynamic(self) -> bool:
+        """True when some axis has no static length (a dynamic-shape kernel)."""
+        static = {name for name, _ in self.axis_static_values}
+        return any(name not in static for name in self.axis_names)
+
+    @staticmethod
+    def from_payload(payload: Mapping[str, object]) -> "KernelPlan":
+        """Validate and convert an ``inductor_meta``-shaped dict."""
+        m = _map(payload, "plan")
+        features = tuple(
+            GroupFeature.from_payload(f, f"group_features[{i}]")
+            for i, f in enumerate(_seq(m.get("group_features", ()), "group_features"))
+        )
+        axis_names = tuple(_str(a, "axis_names[]") for a in _seq(m.get("axis_names", ()), "axis_names"))
+        statics: list[tuple[str, int]] = []
+        raw_statics = m.get("axis_static_values", ())
+        if isinstance(raw_statics, Mapping):
+            raw_statics = list(raw_statics.items())
+        for i, item in enumerate(_seq(raw_statics, "axis_static_values")):
+            pair = _seq(item, f"axis_static_values[{i}]")
+            if len(pair) != 2:
+                raise _bad(f"axis_static_values[{i}] must be a (name, value) pair, got {item!r}")
+            statics.append((_str(pair[0], f"axis_static_values[{i}][0]"), _int(pair[1], f"axis_static_values[{i}][1]")))
+        args = tuple(
+            arg_from_payload(a, f"ordered_arg_specs[{i}]")
+            for i, a in enumerate(_seq(m.get("ordered_arg_specs", ()), "ordered_arg_specs"))
+        )
+        mutated = tuple(_str(n, "mutated_arg_names[]") for n in _seq(m.get("mutated_arg_names", ()), "mutated_arg_names"))
+        name = m.get("kernel_name", "")
+        return KernelPlan(
+            group_features=features,
+            axis_names=axis_names,
+            axis_static_values=tuple(statics),
+            args=args,
+            mutated_arg_names=mutated,
+            kernel_name=str(name) if name is not None else "",
+        )
+
+    def to_payload(self) -> dict[str, object]:
+        """The JSON payload (inverse of ``from_payload``)."""
+        return {
+            "kernel_name": self.kernel_name,
+            "group_features": [f.to_payload() for f in self.group_features],
+            "axis_names": list(self.axis_names),
+            "axis_static_values": [[n, v] for n, v in self.axis_static_values],
+            "ordered_arg_specs": [a.to_payload() for a in self.args],
+            "mutated_arg_names": list(self.mutated_arg_names),
+        }
+
+    def canonical_payload(self) -> dict[str, object]:
+        """The hashed part: no kernel name, static values and mutated names sorted."""
+        payload = self.to_payload()
+        del payload["kernel_name"]
+        payload["axis_static_values"] = sorted(payload["axis_static_values"])  # type: ignore[type-var]
+        payload["mutated_arg_names"] = sorted(set(self.mutated_arg_names))
+        return payload
+
+    def plan_hash(self) -> str:
+        """sha256 of the canonical JSON; independent of dict order and kernel name."""
+        return hashlib.sha256(canonical_json(self.canonical_payload()).encode()).hexdigest()
+
+    @property
+    def display_name(self) -> str:
+        return self.kernel_name if self.kernel_name not in _NAME_PLACEHOLDERS else "<unnamed>"
+
+
+def canonical_json(value: object) -> str:
+    """Deterministic JSON: sorted keys, no whitespace."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
