@@ -9,15 +9,13 @@ from importlib import metadata
 
 from prescreen.budget import Budget
 from prescreen.decision import ESTIMATOR_VERSION
-from prescreen.errors import NotBounded
 from prescreen.plan import KernelPlan, canonical_json
-from prescreen.representatives import Representatives
 
 #: Bumped whenever the stored entry layout changes.
 SCHEMA_VERSION = 1
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def library_versions() -> tuple[tuple[str, str], ...]:
     """Versions of the libraries whose behaviour a decision depends on."""
     out = []
@@ -52,17 +50,26 @@ class KeyParts:
         return hashlib.sha256(canonical_json(self.to_payload()).encode()).hexdigest()
 
 
-def family_hash(reps: Representatives | NotBounded) -> str:
-    """sha256 of the shape family; an unboundable family hashes its error."""
-    text = canonical_json({"not_bounded": str(reps)}) if isinstance(reps, NotBounded) else reps.family_json()
-    return hashlib.sha256(text.encode()).hexdigest()
+def family_payload(plan: KernelPlan) -> dict[str, object]:
+    """What defines a plan's shape families: features, axes and static axis values.
+
+    The representatives are a pure function of this (for one estimator
+    version), so hashing it identifies them without enumerating every group.
+    """
+    payload = plan.canonical_payload()
+    return {k: payload[k] for k in ("group_features", "axis_names", "axis_static_values")}
 
 
-def build_key(plan: KernelPlan, reps: Representatives | NotBounded, budget: Budget) -> tuple[str, KeyParts]:
+def family_hash(plan: KernelPlan) -> str:
+    """sha256 of the shape-family definition."""
+    return hashlib.sha256(canonical_json(family_payload(plan)).encode()).hexdigest()
+
+
+def build_key(plan: KernelPlan, budget: Budget) -> tuple[str, KeyParts]:
     """The store key for deciding ``plan`` under ``budget``, and its parts."""
     parts = KeyParts(
         plan_hash=plan.plan_hash(),
-        family_hash=family_hash(reps),
+        family_hash=family_hash(plan),
         device_kind=budget.device_kind,
         total_memory=budget.total_memory,
         ratio=budget.ratio,

@@ -1,0 +1,76 @@
+"""Look a decision up by key, or compute, store and return it."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+from prescreen.budget import Budget
+from prescreen.decision import Decision, decide_with, try_representatives
+from prescreen.errors import NotBounded
+from prescreen.key import build_key
+from prescreen.plan import KernelPlan
+from prescreen.store.base import Store
+from prescreen.store.entry import Entry
+
+
+@dataclasses.dataclass
+class Counters:
+    """Per-process counts the hooks and ``warm`` report."""
+
+    lookups: int = 0
+    hits: int = 0
+    estimator_calls: int = 0
+    stored: int = 0
+    tuned: int = 0
+    fell_back: int = 0
+    not_bounded: int = 0
+    largest_estimate: int = 0
+
+    def count(self, decision: Decision) -> None:
+        if decision.tune:
+            self.tuned += 1
+        else:
+            self.fell_back += 1
+        if not decision.bounded:
+            self.not_bounded += 1
+        if decision.estimated_bytes is not None:
+            self.largest_estimate = max(self.largest_estimate, decision.estimated_bytes)
+
+
+COUNTERS = Counters()
+_lock = threading.Lock()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Outcome:
+    key: str
+    decision: Decision
+    hit: bool
+    entry: Entry | None
+
+
+def lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, *, write: bool = True) -> Outcome:
+    """The decision for ``plan`` under ``budget``: from ``store`` on a hit, else computed (and stored)."""
+    key, parts = build_key(plan, budget)
+    with _lock:
+        COUNTERS.lookups += 1
+    if store is not None:
+        entry = store.get(key)
+        if entry is not None:
+            with _lock:
+                COUNTERS.hits += 1
+                COUNTERS.count(entry.decision)
+            return Outcome(key, entry.decision, True, entry)
+    with _lock:
+        COUNTERS.estimator_calls += 1
+    reps = try_representatives(plan)
+    decision = decide_with(plan, reps, budget)
+    family = None if isinstance(reps, NotBounded) else reps.to_payload()
+    entry = Entry.new(key, parts, plan, family, decision)
+    if store is not None and write and store.put(entry):
+        with _lock:
+            COUNTERS.stored += 1
+    with _lock:
+        COUNTERS.count(decision)
+    return Outcome(key, decision, False, entry)

@@ -1,0 +1,77 @@
+"""The store interface every backend implements; no method ever raises on a store fault."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable, Iterator
+
+from prescreen.store.entry import Entry
+
+log = logging.getLogger("prescreen.store")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoreStats:
+    """What ``prescreen stats`` prints."""
+
+    backend: str
+    location: str
+    entries: int
+    size_bytes: int | None
+    hits: int
+    misses: int
+    healthy: bool
+    detail: str = ""
+
+
+class Store(abc.ABC):
+    """A decision store. Faults mean miss + one warning, never an exception."""
+
+    backend: str = "abstract"
+    location: str = ""
+
+    def __init__(self) -> None:
+        self._warned: set[str] = set()
+        self._warn_lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def warn_once(self, what: str, exc: BaseException | str) -> None:
+        """Log a store fault once per kind of fault per store."""
+        with self._warn_lock:
+            if what in self._warned:
+                return
+            self._warned.add(what)
+        log.warning("prescreen %s store at %s: %s (%s); treating as a miss", self.backend, self.location, what, exc)
+
+    @abc.abstractmethod
+    def get(self, key: str) -> Entry | None:
+        """The valid entry under ``key``, or None (missing, invalid or unreadable)."""
+
+    @abc.abstractmethod
+    def put(self, entry: Entry) -> bool:
+        """Store ``entry`` unless a valid one is there already; False when it could not."""
+
+    @abc.abstractmethod
+    def entries(self) -> Iterator[Entry]:
+        """Every valid entry (invalid ones are skipped)."""
+
+    @abc.abstractmethod
+    def delete(self, keys: list[str]) -> int:
+        """Remove these keys; returns how many were removed."""
+
+    @abc.abstractmethod
+    def stats(self) -> StoreStats:
+        """Counts, size and health."""
+
+    def remove_where(self, predicate: Callable[[Entry], bool]) -> list[Entry]:
+        """Delete every entry matching ``predicate``; returns what was removed."""
+        doomed = [e for e in self.entries() if predicate(e)]
+        self.delete([e.key for e in doomed])
+        return doomed
+
+    def close(self) -> None:
+        """Release connections and file handles."""

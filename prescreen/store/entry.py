@@ -1,0 +1,139 @@
+"""A stored decision: JSON text, validated on the way back in."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import time
+from collections.abc import Mapping
+
+from prescreen.decision import Decision
+from prescreen.key import SCHEMA_VERSION, KeyParts, family_hash
+from prescreen.plan import KernelPlan
+
+
+class InvalidEntry(ValueError):
+    """A stored value that is not a valid entry of this schema."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Entry:
+    """One decision with its key, plan, shape family and provenance."""
+
+    key: str
+    parts: KeyParts
+    kernel: str
+    plan: dict[str, object]
+    family: dict[str, object] | None
+    decision: Decision
+    created_at: float
+    host: str
+    pid: int
+    hits: int = 0
+    schema_version: int = SCHEMA_VERSION
+
+    @staticmethod
+    def new(
+        key: str, parts: KeyParts, plan: KernelPlan, family: dict[str, object] | None, decision: Decision
+    ) -> "Entry":
+        return Entry(
+            key=key,
+            parts=parts,
+            kernel=plan.display_name,
+            plan=plan.to_payload(),
+            family=family,
+            decision=decision,
+            created_at=time.time(),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+        )
+
+    def with_hits(self, hits: int) -> "Entry":
+        return dataclasses.replace(self, hits=hits)
+
+    def to_payload(self) -> dict[str, object]:
+        return {
+            "schema_version": self.schema_version,
+            "key": self.key,
+            "parts": self.parts.to_payload(),
+            "kernel": self.kernel,
+            "plan": self.plan,
+            "family": self.family,
+            "decision": self.decision.to_payload(),
+            "created_at": self.created_at,
+            "host": self.host,
+            "pid": self.pid,
+            "hits": self.hits,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_payload(), sort_keys=True, separators=(",", ":"))
+
+    @staticmethod
+    def from_payload(d: object, expected_key: str | None = None) -> "Entry":
+        """Validate a decoded entry; raises ``InvalidEntry`` naming what is wrong."""
+        if not isinstance(d, Mapping):
+            raise InvalidEntry(f"entry must be a JSON object, got {type(d).__name__}")
+        schema = d.get("schema_version")
+        if schema != SCHEMA_VERSION:
+            raise InvalidEntry(f"entry has schema {schema!r}, this prescreen reads schema {SCHEMA_VERSION}")
+        try:
+            raw_parts = d["parts"]
+            versions = raw_parts["versions"]
+            parts = KeyParts(
+                plan_hash=str(raw_parts["plan_hash"]),
+                family_hash=str(raw_parts["family_hash"]),
+                device_kind=str(raw_parts["device_kind"]),
+                total_memory=int(raw_parts["total_memory"]),
+                ratio=float(raw_parts["ratio"]),
+                schema_version=int(raw_parts["schema_version"]),
+                estimator_version=int(raw_parts["estimator_version"]),
+                versions=tuple((str(k), str(v)) for k, v in sorted(versions.items())),
+            )
+            key = str(d["key"])
+            decision = Decision.from_payload(d["decision"])
+            plan = d["plan"]
+            family = d["family"]
+            if not isinstance(plan, dict) or (family is not None and not isinstance(family, dict)):
+                raise InvalidEntry("plan/family must be JSON objects")
+            entry = Entry(
+                key=key,
+                parts=parts,
+                kernel=str(d["kernel"]),
+                plan=plan,
+                family=family,
+                decision=decision,
+                created_at=float(d["created_at"]),
+                host=str(d["host"]),
+                pid=int(d["pid"]),
+                hits=int(d.get("hits", 0)),
+            )
+        except InvalidEntry:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InvalidEntry(f"malformed entry: {exc!r}") from None
+        if parts.digest() != key:
+            raise InvalidEntry("entry key does not match its key parts")
+        if expected_key is not None and key != expected_key:
+            raise InvalidEntry(f"entry is stored under {expected_key[:12]} but carries key {key[:12]}")
+        if decision.estimator_version != parts.estimator_version:
+            raise InvalidEntry("decision and key disagree on the estimator version")
+        stored_plan = KernelPlan.from_payload(plan)
+        if stored_plan.plan_hash() != parts.plan_hash or family_hash(stored_plan) != parts.family_hash:
+            raise InvalidEntry("stored plan does not hash to the key's plan and family hashes")
+        return entry
+
+    @staticmethod
+    def from_json(text: str | bytes, expected_key: str | None = None) -> "Entry":
+        try:
+            payload = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidEntry(f"entry is not JSON: {exc}") from None
+        try:
+            return Entry.from_payload(payload, expected_key)
+        except InvalidEntry:
+            raise
+        except ValueError as exc:  # a NotBounded from the stored plan
+            raise InvalidEntry(f"stored plan is invalid: {exc}") from None
