@@ -76,16 +76,20 @@ class Decision:
         for key in ("bounded", "enable_auto_blockify"):
             if not isinstance(d[key], bool):
                 raise ValueError(f"{key} must be a bool")
+        for key in ("device_kind", "reason"):
+            if not isinstance(d[key], str):
+                raise ValueError(f"{key} must be a string, got {d[key]!r}")
         ratio = d["ratio"]
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
             raise ValueError(f"bad ratio {ratio!r}")
         groups = d["group_bytes"]
         if not isinstance(groups, list) or not all(
-            isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) for x in p) for p in groups
+            isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in p)
+            for p in groups
         ):
             raise ValueError("group_bytes must be a list of [group_id, bytes]")
         dom = d["dominant_arg"]
-        return Decision(
+        decision = Decision(
             action=d["action"],  # type: ignore[arg-type]
             bounded=bool(d["bounded"]),
             enable_auto_blockify=bool(d["enable_auto_blockify"]),
@@ -95,13 +99,40 @@ class Decision:
             budget_bytes=req_int("budget_bytes"),
             total_memory=req_int("total_memory"),
             ratio=float(ratio),
-            device_kind=str(d["device_kind"]),
-            reason=str(d["reason"]),
+            device_kind=d["device_kind"],  # type: ignore[arg-type]
+            reason=d["reason"],  # type: ignore[arg-type]
             largest_group_id=opt_int("largest_group_id"),
-            dominant_arg=ArgFootprint.from_payload(dom) if isinstance(dom, dict) else None,  # type: ignore[arg-type]
-            group_bytes=tuple((int(g), int(b)) for g, b in groups),
+            dominant_arg=None if dom is None else ArgFootprint.from_payload(dom),
+            group_bytes=tuple((g, b) for g, b in groups),
             estimator_version=req_int("estimator_version"),
         )
+        _check_consistent(decision)
+        return decision
+
+
+def _check_consistent(d: Decision) -> None:
+    """Reject a decision whose numbers do not give its action (a tampered or corrupt value)."""
+    if d.total_memory <= 0 or d.budget_bytes != int(d.total_memory * d.ratio):
+        raise ValueError(f"budget_bytes={d.budget_bytes} is not int(total_memory={d.total_memory} * ratio={d.ratio})")
+    if d.enable_auto_blockify and d.action != "fallback":
+        raise ValueError("enable_auto_blockify is only set on a fallback")
+    numbers = (d.estimated_bytes, d.synthetic_bytes, d.mutated_clone_bytes)
+    if not d.bounded:
+        if d.action != "fallback" or any(n is not None for n in numbers) or d.group_bytes or (
+            d.largest_group_id is not None or d.dominant_arg is not None
+        ):
+            raise ValueError("a not-bounded decision must be a fallback without footprint numbers")
+        return
+    est, syn, mut = numbers
+    if est is None or syn is None or mut is None or min(est, syn, mut) < 0 or est != syn + mut:
+        raise ValueError(f"estimated_bytes={est} must equal synthetic_bytes={syn} + mutated_clone_bytes={mut}")
+    if (d.action == "tune") != (est <= d.budget_bytes):
+        raise ValueError(f"action={d.action} contradicts estimated_bytes={est} vs budget_bytes={d.budget_bytes}")
+    if any(b < 0 for _, b in d.group_bytes) or sum(b for _, b in d.group_bytes) != syn:
+        raise ValueError("group_bytes do not add up to synthetic_bytes")
+    largest = max(d.group_bytes, key=lambda item: item[1])[0] if d.group_bytes else None
+    if d.largest_group_id != largest:
+        raise ValueError(f"largest_group_id={d.largest_group_id} is not the largest group ({largest})")
 
 
 def describe_dominant(arg: ArgFootprint | None) -> str:
@@ -114,13 +145,18 @@ def describe_dominant(arg: ArgFootprint | None) -> str:
     )
 
 
+def _subject(plan: KernelPlan) -> str:
+    """Upstream's wording for grouped plans; plain for single-group selections."""
+    return "grouped benchmark footprint" if plan.group_features else "benchmark footprint"
+
+
 def _from_footprint(plan: KernelPlan, budget: Budget, fp: Footprint) -> Decision:
     fits = budget.admits(fp.total_bytes)
     if fits:
         reason = f"estimated_bytes={fp.total_bytes} <= budget_bytes={budget.budget_bytes}"
     else:
         reason = (
-            "grouped benchmark footprint exceeds budget: "
+            f"{_subject(plan)} exceeds budget: "
             f"estimated_bytes={fp.total_bytes} budget_bytes={budget.budget_bytes} ratio={budget.ratio} "
             f"largest_group_id={fp.largest_group_id} dominant=({describe_dominant(fp.dominant_arg)})"
         )
@@ -155,7 +191,7 @@ def not_bounded_decision(plan: KernelPlan, budget: Budget, exc: NotBounded) -> D
         total_memory=budget.total_memory,
         ratio=budget.ratio,
         device_kind=budget.device_kind,
-        reason=f"grouped benchmark footprint is not bounded: {exc}",
+        reason=f"{_subject(plan)} is not bounded: {exc}",
         largest_group_id=None,
         dominant_arg=None,
         group_bytes=(),

@@ -31,15 +31,37 @@ class ArgFootprint:
         return d
 
     @staticmethod
-    def from_payload(d: dict[str, object]) -> "ArgFootprint":
+    def from_payload(d: object) -> "ArgFootprint":
+        """Strictly validate a stored arg footprint; raises ``ValueError`` on anything off."""
+        fields = ("group_id", "name", "kind", "dtype", "size", "stride", "num_bytes")
+        if not isinstance(d, dict) or set(d) != set(fields):
+            raise ValueError(f"dominant_arg must be an object with fields {list(fields)}, got {d!r}")
+
+        def exact_int(v: object, what: str) -> int:
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"dominant_arg.{what} must be an int, got {v!r}")
+            return v
+
+        def ints(key: str) -> tuple[int, ...]:
+            v = d[key]
+            if not isinstance(v, list):
+                raise ValueError(f"dominant_arg.{key} must be a list of ints, got {v!r}")
+            return tuple(exact_int(x, f"{key}[]") for x in v)
+
+        for key in ("name", "kind", "dtype"):
+            if not isinstance(d[key], str):
+                raise ValueError(f"dominant_arg.{key} must be a string, got {d[key]!r}")
+        num_bytes = exact_int(d["num_bytes"], "num_bytes")
+        if num_bytes < 0:
+            raise ValueError(f"dominant_arg.num_bytes must be >= 0, got {num_bytes}")
         return ArgFootprint(
-            group_id=int(d["group_id"]),  # type: ignore[call-overload]
-            name=str(d["name"]),
-            kind=str(d["kind"]),
-            dtype=str(d["dtype"]),
-            size=tuple(int(x) for x in d["size"]),  # type: ignore[attr-defined]
-            stride=tuple(int(x) for x in d["stride"]),  # type: ignore[attr-defined]
-            num_bytes=int(d["num_bytes"]),  # type: ignore[call-overload]
+            group_id=exact_int(d["group_id"], "group_id"),
+            name=d["name"],
+            kind=d["kind"],
+            dtype=d["dtype"],
+            size=ints("size"),
+            stride=ints("stride"),
+            num_bytes=num_bytes,
         )
 
 

@@ -268,10 +268,14 @@ class KernelPlan:
         }
 
     def canonical_payload(self) -> dict[str, object]:
-        """The hashed part: no kernel name, static values and mutated names sorted."""
+        """The hashed part: no kernel name, static values and mutated names sorted.
+
+        A repeated static axis keeps its last value (what the estimator uses), so
+        reordering duplicates cannot give two different plans one hash.
+        """
         payload = self.to_payload()
         del payload["kernel_name"]
-        payload["axis_static_values"] = sorted(payload["axis_static_values"])  # type: ignore[type-var]
+        payload["axis_static_values"] = [[n, v] for n, v in sorted(dict(self.axis_static_values).items())]
         payload["mutated_arg_names"] = sorted(set(self.mutated_arg_names))
         return payload
 

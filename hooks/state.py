@@ -1,0 +1,76 @@
+"""Process-wide hook state: the store, the budget per device, warn-once logging."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from prescreen.budget import Budget
+from prescreen.service import COUNTERS, Counters
+from prescreen.store.base import Store
+
+log = logging.getLogger("prescreen.hooks")
+
+_lock = threading.RLock()
+_store: Store | None = None
+_store_opened = False
+_overrides: dict[str, object] = {}
+_logged: set[str] = set()
+
+
+def configure(*, store: Store | None = None, device_memory: str | int | None = None, ratio: float | None = None) -> None:
+    """Set an explicit store / memory / ratio for the hooks (``prescreen warm`` does)."""
+    global _store, _store_opened
+    with _lock:
+        if store is not None:
+            _store, _store_opened = store, True
+        if device_memory is not None:
+            _overrides["device_memory"] = device_memory
+        if ratio is not None:
+            _overrides["ratio"] = ratio
+
+
+def reset() -> None:
+    """Forget the store and overrides (the next lookup reopens from the environment)."""
+    global _store, _store_opened
+    with _lock:
+        if _store is not None:
+            _store.close()
+        _store, _store_opened = None, False
+        _overrides.clear()
+        _logged.clear()
+
+
+def get_store() -> Store | None:
+    """The store the hooks use; opened once from the environment. None if it cannot be opened."""
+    global _store, _store_opened
+    with _lock:
+        if not _store_opened:
+            _store_opened = True
+            try:
+                from prescreen.store import open_store
+
+                _store = open_store()
+            except Exception as exc:  # a broken store never breaks a compile
+                log.warning("prescreen: decision store unavailable (%s); deciding without a store", exc)
+                _store = None
+        return _store
+
+
+def budget_for(device: object) -> Budget:
+    """The budget for ``device`` with the configured overrides; may raise ConfigError."""
+    return Budget.for_device(device, _overrides.get("device_memory"), _overrides.get("ratio"))  # type: ignore[arg-type]
+
+
+def log_once(key: str, level: int, msg: str, *args: object) -> None:
+    """Log a decision diagnostic once per key per process."""
+    with _lock:
+        if key in _logged:
+            return
+        _logged.add(key)
+    log.log(level, msg, *args)
+
+
+def counters() -> Counters:
+    """Lookups, hits and estimator calls in this process."""
+    return COUNTERS
