@@ -92,6 +92,28 @@ class _Converter:
         return args
 
 
+#: Triton's do_bench flush buffer; Inductor's GPU benchmarker flushes with an L2-sized one.
+TRITON_FLUSH_BYTES = 256 * 2**20
+
+
+def flush_buffer_bytes(device: Any) -> int:
+    """Bytes the GPU benchmarker allocates to flush the L2 cache between timings (0 on CPU).
+
+    Inductor versions differ (an L2-sized buffer, or Triton's 256 MiB), so the
+    guard takes the larger of the two: the estimate must never undercount.
+    """
+    if getattr(device, "type", "cpu") in ("cpu", "meta"):
+        return 0
+    try:
+        import torch
+
+        backend = getattr(torch, device.type)
+        l2 = int(getattr(backend.get_device_properties(device), "L2_cache_size", 0) or 0)
+    except Exception:
+        l2 = 0
+    return max(l2, TRITON_FLUSH_BYTES)
+
+
 def plan_for_selection(name: str, input_nodes: Sequence[Any], layout: Any) -> KernelPlan:
     """The benchmark plan of one algorithm selection: unique inputs plus the output."""
     from torch._inductor import ir
@@ -109,6 +131,9 @@ def plan_for_selection(name: str, input_nodes: Sequence[Any], layout: Any) -> Ke
         args.extend(conv.tensor(f"input{i}", base, base.get_layout()))
     out = ir.Buffer(name="prescreen_out", layout=layout)
     args.extend(conv.tensor("output", out, layout))
+    flush = flush_buffer_bytes(layout.device)
+    if flush:
+        args.append(WorkspaceArg("benchmark.cache_flush", Const(flush), "torch.uint8", str(layout.device), "NONE"))
     axes = tuple(sorted(conv.statics))
     return KernelPlan(
         group_features=(),

@@ -114,6 +114,14 @@ def device_memory(device: object = None, override: str | int | None = None) -> D
         total = int(props.total_memory)
         if total <= 0:
             raise ConfigError(f"device {device!s} reports invalid total memory {total}")
+        fraction_of = getattr(backend, "get_per_process_memory_fraction", None)
+        if fraction_of is not None:  # a torch.cuda.set_per_process_memory_fraction cap
+            try:
+                fraction = float(fraction_of(device))
+            except (RuntimeError, TypeError, ValueError):
+                fraction = 1.0
+            if 0 < fraction < 1:
+                return DeviceMemory(kind, int(total * fraction), "device (per-process fraction)")
         return DeviceMemory(kind, total, "device")
     if kind == "cpu":
         return DeviceMemory(kind, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "device")

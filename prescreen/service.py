@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
 
 from prescreen.budget import Budget
 from prescreen.decision import Decision, decide_with, try_representatives
@@ -41,6 +42,9 @@ class Counters:
 COUNTERS = Counters()
 _lock = threading.Lock()
 
+#: Callbacks told of every lookup (``prescreen warm`` collects its report this way).
+OBSERVERS: list[Callable[["Outcome", KernelPlan], None]] = []
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Outcome:
@@ -61,7 +65,7 @@ def lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, *, w
             with _lock:
                 COUNTERS.hits += 1
                 COUNTERS.count(entry.decision)
-            return Outcome(key, entry.decision, True, entry)
+            return _observed(Outcome(key, entry.decision, True, entry), plan)
     with _lock:
         COUNTERS.estimator_calls += 1
     reps = try_representatives(plan)
@@ -73,4 +77,10 @@ def lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, *, w
             COUNTERS.stored += 1
     with _lock:
         COUNTERS.count(decision)
-    return Outcome(key, decision, False, entry)
+    return _observed(Outcome(key, decision, False, entry), plan)
+
+
+def _observed(outcome: Outcome, plan: KernelPlan) -> Outcome:
+    for observer in list(OBSERVERS):
+        observer(outcome, plan)
+    return outcome

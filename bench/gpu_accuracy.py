@@ -1,0 +1,89 @@
+"""Estimator accuracy on CUDA: estimated vs measured peak of Inductor's autotune benchmark.
+
+For each case, compiles ``a @ b`` (and a Linear with bias) with ``mode=max-autotune``
+and ``dynamic=True``, wraps the algorithm selector so that around the real
+benchmark step it records ``torch.cuda.max_memory_allocated() - memory_allocated()``
+(the bytes the benchmark added), and compares that with prescreen's estimate
+for the same call. The estimate is a guard: it must never be below the peak.
+
+    python bench/gpu_accuracy.py
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+
+import torch
+
+
+def main() -> None:
+    from torch._inductor import select_algorithm as sa
+
+    import prescreen
+    from hooks import select_algorithm as guard
+    from prescreen.footprint import estimate_footprint
+    from prescreen.representatives import build_representatives
+
+    prescreen.install(ratio=1.0)  # always tune, so the real benchmark runs
+    records: list[dict[str, object]] = []
+    inner = sa.AlgorithmSelectorCache.__call__
+
+    def measured(self, name, choices, input_nodes, layout, *args, **kwargs):  # type: ignore[no-untyped-def]
+        plan = guard.plan_for_selection(name, input_nodes, layout)
+        est = estimate_footprint(plan, build_representatives(plan)).total_bytes
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        result = inner(self, name, choices, input_nodes, layout, *args, **kwargs)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+        records.append({"op": name, "choices": len(choices), "hints": dict(plan.axis_static_values),
+                        "estimated": est, "measured_peak": peak,
+                        "ratio": round(est / peak, 3) if peak else None})
+        return result
+
+    sa.AlgorithmSelectorCache.__call__ = measured  # type: ignore[method-assign]
+    torch.ones(8, 8, device="cuda") @ torch.ones(8, 8, device="cuda")  # cuBLAS workspace outside the window
+
+    cases = [
+        ("mm", 1024, 4096, 4096, torch.float16),
+        ("mm", 8192, 4096, 4096, torch.float16),
+        ("mm", 65536, 4096, 4096, torch.bfloat16),
+        ("mm", 131072, 8192, 8192, torch.float16),
+        ("mm", 32768, 4096, 1024, torch.float32),
+        ("linear", 16384, 4096, 4096, torch.bfloat16),
+        ("linear", 131072, 4096, 4096, torch.float16),
+    ]
+    for op, m, k, n, dtype in cases:
+        torch._dynamo.reset()
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        if op == "mm":
+            w = torch.randn(k, n, device="cuda", dtype=dtype)
+            fn = torch.compile(lambda a, b: a @ b, dynamic=True, mode="max-autotune-no-cudagraphs")
+            before = len(records)
+            fn(x, w)
+        else:
+            lin = torch.nn.Linear(k, n, device="cuda", dtype=dtype)
+            fn = torch.compile(lin, dynamic=True, mode="max-autotune-no-cudagraphs")
+            before = len(records)
+            with torch.no_grad():
+                fn(x)
+        for r in records[before:]:
+            r["case"] = f"{op} M={m} K={k} N={n} {str(dtype).removeprefix('torch.')}"
+        del x
+        torch.cuda.empty_cache()
+
+    print(f"device: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; python {platform.python_version()}")
+    print("| case | op | choices | estimated MiB | measured peak MiB | estimate / peak |")
+    print("|---|---|---|---|---|---|")
+    for r in records:
+        print(f"| {r.get('case')} | {r['op']} | {r['choices']} | {r['estimated'] / 2**20:.1f} | "
+              f"{r['measured_peak'] / 2**20:.1f} | {r['ratio']} |")
+    below = [r for r in records if r["measured_peak"] and r["estimated"] < r["measured_peak"]]
+    print(f"cases: {len(records)}; estimate below measured peak: {len(below)}")
+    print("JSON " + json.dumps(records))
+
+
+if __name__ == "__main__":
+    main()
