@@ -181,7 +181,8 @@ def expr_from_sympy(
             term = expr_from_sympy(base, axis_names, runtime_args)
             return Mul(tuple(term for _ in range(int(exp))))
         raise NotBounded(Reason.UNKNOWN_EXPR, f"unsupported power {expr}")
-    if type(expr).__name__ == "FloorDiv" and len(expr.args) == 2:
+    # torch.utils._sympy.functions.FloorDiv and its exact-division subclass CleanDiv.
+    if any(cls.__name__ == "FloorDiv" for cls in type(expr).__mro__) and len(expr.args) == 2:
         num, den = expr.args
         return FloorDiv(
             expr_from_sympy(num, axis_names, runtime_args),

@@ -1,0 +1,152 @@
+"""Obtain the real torch-npu 2.14.0 wheel and load pieces of it standalone.
+
+The wheel needs Ascend's CANN runtime to import as a whole, but a few of its
+Python files stand alone: ``torch_npu/_inductor/runtime/symbolic_grouping.py``
+imports only torch and sympy. This module finds the wheel (``$PRESCREEN_NPU_WHEEL_DIR``
+or ``.npu-wheel/`` at the repo root), downloads it with pip when it is missing,
+reads sources out of it with zipfile and loads ``symbolic_grouping`` under a
+private module name. Nothing from the wheel is installed or kept in the repo.
+
+Usage from a test::
+
+    try:
+        upstream = load_upstream_symbolic_grouping()
+    except WheelUnavailable as exc:
+        pytest.skip(str(exc))
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from types import ModuleType
+
+NPU_VERSION = "2.14.0"
+WHEEL_GLOB = f"torch_npu-{NPU_VERSION}-*.whl"
+WHEEL_DIR_ENV = "PRESCREEN_NPU_WHEEL_DIR"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_WHEEL_DIR = REPO_ROOT / ".npu-wheel"
+SYMBOLIC_GROUPING = "torch_npu/_inductor/runtime/symbolic_grouping.py"
+CODEGEN_TRITON = "torch_npu/_inductor/codegen/triton.py"
+NPU_CONFIG = "torch_npu/_inductor/config.py"
+MODULE_NAME = "_prescreen_upstream_symbolic_grouping"
+DOWNLOAD_TIMEOUT_S = 600
+
+
+class WheelUnavailable(RuntimeError):
+    """The wheel could not be found or fetched; the message says why."""
+
+
+_last_error: str | None = None
+
+
+def _wheel_dirs() -> list[Path]:
+    env = os.environ.get(WHEEL_DIR_ENV)
+    dirs = [Path(env)] if env else []
+    return [*dirs, DEFAULT_WHEEL_DIR]
+
+
+def _find_wheel() -> Path | None:
+    for folder in _wheel_dirs():
+        if folder.is_dir():
+            for path in sorted(folder.glob(WHEEL_GLOB)):
+                if zipfile.is_zipfile(path):
+                    return path
+    return None
+
+
+def _download() -> Path | None:
+    """``pip download --no-deps torch_npu==2.14.0`` into the wheel dir (atomically)."""
+    global _last_error
+    env = os.environ.get(WHEEL_DIR_ENV)
+    target = Path(env) if env else DEFAULT_WHEEL_DIR
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".download-", dir=target))
+    except OSError as exc:
+        _last_error = f"cannot create wheel dir {target}: {exc}"
+        return None
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+        "--no-input", "--progress-bar", "off", f"torch_npu=={NPU_VERSION}", "-d", str(staging),
+    ]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S, check=False)
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            _last_error = f"`{' '.join(cmd[2:])}` failed (rc={proc.returncode}): {' | '.join(tail)}"
+            return None
+        for path in staging.glob(WHEEL_GLOB):
+            if zipfile.is_zipfile(path):
+                final = target / path.name
+                os.replace(path, final)
+                return final
+        _last_error = f"pip download produced no {WHEEL_GLOB} in {staging}"
+        return None
+    except (OSError, subprocess.SubprocessError) as exc:
+        _last_error = f"pip download failed: {exc}"
+        return None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+@functools.cache
+def npu_wheel_path() -> Path | None:
+    """The torch-npu 2.14.0 wheel: found locally, else downloaded; None when neither works."""
+    return _find_wheel() or _download()
+
+
+def unavailable_reason() -> str:
+    """Why ``npu_wheel_path()`` returned None."""
+    dirs = ", ".join(str(d) for d in _wheel_dirs())
+    return f"torch-npu {NPU_VERSION} wheel unavailable (looked in {dirs}): {_last_error or 'not found'}"
+
+
+def _require_wheel() -> Path:
+    path = npu_wheel_path()
+    if path is None:
+        raise WheelUnavailable(unavailable_reason())
+    return path
+
+
+def upstream_source(relpath: str) -> str:
+    """Text of one file in the wheel, e.g. ``torch_npu/_inductor/codegen/triton.py``."""
+    name = relpath if relpath.startswith("torch_npu/") else f"torch_npu/{relpath}"
+    with zipfile.ZipFile(_require_wheel()) as wheel:
+        try:
+            return wheel.read(name).decode("utf-8")
+        except KeyError:
+            raise WheelUnavailable(f"{name} is not in {wheel.filename}") from None
+
+
+@functools.cache
+def _extract_dir() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="prescreen-npu-"))
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+@functools.cache
+def load_upstream_symbolic_grouping() -> ModuleType:
+    """torch_npu's ``symbolic_grouping`` module, loaded standalone under a private name."""
+    path = _extract_dir() / "symbolic_grouping.py"
+    path.write_text(upstream_source(SYMBOLIC_GROUPING), encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
+    if spec is None or spec.loader is None:  # pragma: no cover - a .py path always has a loader
+        raise WheelUnavailable(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[MODULE_NAME] = module  # dataclasses resolve annotations through sys.modules
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(MODULE_NAME, None)
+        raise
+    return module

@@ -1,0 +1,197 @@
+"""Differential tests against the real torch-npu 2.14.0 wheel (fetched by ``npu_wheel``)."""
+
+from __future__ import annotations
+
+import ast
+import math
+from types import ModuleType
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from npu_wheel import CODEGEN_TRITON, NPU_CONFIG, WheelUnavailable, load_upstream_symbolic_grouping, upstream_source
+from strategies import PlanCase, plan_cases
+
+from prescreen.budget import Budget
+from prescreen.decision import decide
+from prescreen.errors import NotBounded
+from prescreen.footprint import Footprint, estimate_footprint
+from prescreen.plan import KernelPlan
+from prescreen.representatives import Representatives, build_representatives
+
+#: What upstream's guard catches as "footprint is not bounded".
+UPSTREAM_NOT_BOUNDED = (AttributeError, KeyError, RuntimeError, TypeError, ValueError)
+
+
+@pytest.fixture(scope="session")
+def upstream() -> ModuleType:
+    try:
+        return load_upstream_symbolic_grouping()
+    except WheelUnavailable as exc:
+        print(f"skipping torch-npu differential tests: {exc}")
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def triton_ast() -> ast.Module:
+    try:
+        return ast.parse(upstream_source(CODEGEN_TRITON))
+    except WheelUnavailable as exc:
+        print(f"skipping torch-npu source tests: {exc}")
+        pytest.skip(str(exc))
+
+
+def ours(payload: dict[str, object]) -> tuple[KernelPlan, Representatives, Footprint] | NotBounded:
+    """Our pipeline; only ``NotBounded`` counts as failing closed (anything else fails the test)."""
+    try:
+        plan = KernelPlan.from_payload(payload)
+        reps = build_representatives(plan)
+        return plan, reps, estimate_footprint(plan, reps)
+    except NotBounded as exc:
+        return exc
+
+
+def theirs(upstream: ModuleType, payload: dict[str, object]) -> tuple[dict[str, object], object] | Exception:
+    """torch_npu's two steps with the arguments its guard passes."""
+    try:
+        reps = upstream.build_group_representatives(
+            payload.get("group_features", ()), payload.get("axis_names", ()), payload.get("axis_static_values", ())
+        )
+        fp = upstream.estimate_grouped_benchmark_footprint(
+            reps, payload.get("ordered_arg_specs", ()), payload.get("mutated_arg_names", ())
+        )
+        return reps, fp
+    except UPSTREAM_NOT_BOUNDED as exc:
+        return exc
+
+
+def test_loaded_module_is_upstream(upstream: ModuleType) -> None:
+    assert upstream.__name__.startswith("_prescreen_")
+    assert issubclass(upstream.UnsupportedGroupedPlan, RuntimeError)
+    assert upstream.required_storage_numel((8, 10), (10, 1)) == 80
+    assert upstream.required_storage_numel((3, 4), (8, 1)) == 20
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    case=plan_cases(fail_closed=True),
+    ratio=st.one_of(st.sampled_from([0.25, 0.5, 1.0]), st.floats(0.001, 1.0)),
+    slack=st.sampled_from([-1, 0, -2, 1, -3, 2]),
+)
+def test_matches_upstream(upstream: ModuleType, case: PlanCase, ratio: float, slack: int) -> None:
+    mine, other = ours(case.payload), theirs(upstream, case.payload)
+    event(f"fault={case.fault}")
+    if isinstance(mine, NotBounded) or isinstance(other, Exception):
+        assert isinstance(mine, NotBounded) and isinstance(other, Exception), (mine, other)
+        assert mine.reason == case.reason, (case.fault, mine)
+        try:
+            plan = KernelPlan.from_payload(case.payload)
+        except NotBounded:
+            return  # rejected while parsing: there is no plan to decide for
+        decision = decide(plan, Budget("npu", 1 << 40, ratio))
+        assert (decision.action, decision.bounded, decision.estimated_bytes) == ("fallback", False, None)
+        return
+    assert case.fault is None
+    plan, reps, fp = mine
+    up_reps, up_fp = other
+
+    # Representatives: same groups, same axis and feature values.
+    assert reps.group_count == up_reps["group_id_count"]
+    assert reps.reachable_group_ids == tuple(up_reps["reachable_group_ids"])
+    assert reps.unreachable_group_ids == tuple(up_reps["unreachable_group_ids"])
+    event(f"unreachable={bool(reps.unreachable_group_ids)}")
+    features = tuple(case.payload["group_features"])  # type: ignore[arg-type]
+    for group in reps.groups:
+        assert group.feature_values == tuple(up_reps["benchmark_feature_inputs_by_group"][group.group_id])
+        assert group.axis_values == tuple(up_reps["benchmark_axis_values_by_group"][group.group_id])
+        assert group.bucket_indices == upstream.decode_group_bucket_indices(features, group.group_id)
+    for group_id in reps.unreachable_group_ids:
+        assert tuple(up_reps["benchmark_axis_values_by_group"][group_id]) == ()
+
+    # Footprint: every number and the dominant arg.
+    assert (fp.synthetic_bytes, fp.mutated_clone_bytes, fp.total_bytes) == (
+        up_fp.synthetic_bytes, up_fp.mutated_clone_bytes, up_fp.total_bytes
+    )
+    assert fp.group_bytes == tuple(up_fp.group_bytes)
+    assert fp.largest_group_id == up_fp.largest_group_id
+    if up_fp.dominant_arg is None:
+        assert fp.dominant_arg is None
+    else:
+        d, u = fp.dominant_arg, up_fp.dominant_arg
+        assert d is not None
+        assert (d.group_id, d.name, d.kind, d.dtype, tuple(d.size), tuple(d.stride), d.num_bytes) == (
+            u.group_id, u.name, u.kind, u.dtype, tuple(u.size), tuple(u.stride), u.num_bytes
+        )
+
+    # Decision at a budget right around the footprint: upstream tunes iff total <= int(total_memory * ratio).
+    total_memory = max(1, math.ceil(max(1, up_fp.total_bytes + slack) / ratio))
+    upstream_tunes = up_fp.total_bytes <= int(total_memory * ratio)
+    decision = decide(plan, Budget("npu", total_memory, ratio))
+    event(f"tune={upstream_tunes}, zero_bytes={up_fp.total_bytes == 0}")
+    assert decision.bounded
+    assert decision.tune == upstream_tunes
+    assert decision.estimated_bytes == up_fp.total_bytes
+    assert decision.enable_auto_blockify == ((not upstream_tunes) and plan.is_dynamic)
+
+
+def _class(tree: ast.Module, name: str) -> ast.ClassDef:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node
+    raise AssertionError(f"class {name} not found in {CODEGEN_TRITON}")
+
+
+def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef:
+    for node in cls.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return node
+    raise AssertionError(f"{cls.name}.{name} not found")
+
+
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [
+        ("_disable_grouped_autotune_if_benchmark_too_large", ["self", "inductor_meta", "device"]),
+        ("_disable_grouped_autotune", ["self", "inductor_meta", "reason"]),
+        ("build_grouped_benchmark_arg_specs", ["self", "argdefs", "signature"]),
+    ],
+)
+def test_guard_method_signatures(triton_ast: ast.Module, method: str, params: list[str]) -> None:
+    fn = _method(_class(triton_ast, "NPUIndexTritonKernel"), method)
+    args = fn.args
+    assert [a.arg for a in args.posonlyargs + args.args] == params
+    assert not (args.vararg or args.kwarg or args.kwonlyargs)
+    if method == "_disable_grouped_autotune" and args.args[2].annotation is not None:
+        assert ast.unparse(args.args[2].annotation) == "str"
+
+
+def test_guard_budget_semantics(triton_ast: ast.Module) -> None:
+    """The guard we mirror: build, estimate, ``budget = int(total_memory * ratio)``, ``total <= budget``."""
+    fn = _method(_class(triton_ast, "NPUIndexTritonKernel"), "_disable_grouped_autotune_if_benchmark_too_large")
+    calls = {ast.unparse(n.func) for n in ast.walk(fn) if isinstance(n, ast.Call)}
+    assert {"build_group_representatives", "estimate_grouped_benchmark_footprint"} <= calls
+    assert "self._disable_grouped_autotune" in calls
+    texts = {ast.unparse(n) for n in ast.walk(fn) if isinstance(n, (ast.Compare, ast.Call, ast.Attribute))}
+    assert "int(total_memory * ratio)" in texts
+    assert "footprint.total_bytes <= budget_bytes" in texts
+    assert "npu_config.symbolic_group_max_benchmark_memory_ratio" in texts
+
+
+def test_config_ratio_default() -> None:
+    try:
+        tree = ast.parse(upstream_source(NPU_CONFIG))
+    except WheelUnavailable as exc:
+        pytest.skip(str(exc))
+    found = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value == "INDUCTOR_ASCEND_SYMBOLIC_GROUP_MAX_BENCHMARK_MEMORY_RATIO"
+        ):
+            found.append([ast.literal_eval(a) for a in node.args[1:]])
+    assert found, "INDUCTOR_ASCEND_SYMBOLIC_GROUP_MAX_BENCHMARK_MEMORY_RATIO is not read in config.py"
+    default, *bounds = found[0]
+    assert default == 0.25
+    assert bounds in ([], [0.0, 1.0])
