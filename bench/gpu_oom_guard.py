@@ -30,7 +30,7 @@ def child(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     x = torch.randn(args.m, args.k, device="cuda", dtype=torch.float16)
     w = torch.randn(args.k, args.n, device="cuda", dtype=torch.float16) / args.k**0.5
-    ref = (x @ w).float().cpu()  # eager result kept on the host
+    ref = (x @ w).cpu().float()  # eager result kept on the host
     torch.cuda.empty_cache()
 
     def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -41,7 +41,7 @@ def child(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     try:
         compiled = torch.compile(f, dynamic=True, mode="max-autotune-no-cudagraphs")
-        y = compiled(x, w).float().cpu()
+        y = compiled(x, w).cpu().float()
         out["ok"] = True
         out["max_abs_err_vs_eager"] = float((y - ref).abs().max())
         out["matches_eager"] = bool(torch.allclose(y, ref, atol=2e-2, rtol=2e-2))

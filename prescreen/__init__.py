@@ -32,8 +32,8 @@ def uninstall() -> None:
     _uninstall()
 
 
-def installed() -> object:
-    """Context manager: hooks active inside the ``with`` block."""
+def installed(**kwargs: object) -> object:
+    """Context manager: hooks active inside the ``with`` block (same options as ``install``)."""
     from hooks.activation import installed as _installed
 
-    return _installed()
+    return _installed(**kwargs)
