@@ -54,6 +54,8 @@ _NARY = {"mul": Mul, "add": Add}
 
 
 def _int(value: object, what: str) -> int:
+    if isinstance(value, sympy.Integer):
+        return int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise NotBounded(Reason.UNKNOWN_EXPR, f"{what} must be an int, got {value!r}")
     return int(value)

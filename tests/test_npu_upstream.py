@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from npu_wheel import CODEGEN_TRITON, NPU_CONFIG, WheelUnavailable, load_upstream_symbolic_grouping, upstream_source
-from strategies import PlanCase, plan_cases
+from strategies import PlanCase, plan_cases, upstream_meta
 
 from prescreen.budget import Budget
 from prescreen.decision import decide
@@ -132,6 +132,63 @@ def test_matches_upstream(upstream: ModuleType, case: PlanCase, ratio: float, sl
     assert decision.tune == upstream_tunes
     assert decision.estimated_bytes == up_fp.total_bytes
     assert decision.enable_auto_blockify == ((not upstream_tunes) and plan.is_dynamic)
+
+
+def _edit(path: tuple[object, ...], value: object) -> dict[str, object]:
+    meta = upstream_meta()
+    target: object = meta
+    for key in path[:-1]:
+        target = target[key]  # type: ignore[index]
+    if value is _DROP:
+        del target[path[-1]]  # type: ignore[attr-defined]
+    else:
+        target[path[-1]] = value  # type: ignore[index]
+    return meta
+
+
+_DROP = object()
+IN_PTR0_DIM1 = ("ordered_arg_specs", 1, "size_exprs", 1)
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("group_features", 0, "buckets"), [8, 4]),
+        (("group_features", 0, "buckets"), [8, 8]),
+        (("group_features", 0, "buckets"), [True, 8]),
+        (("group_features", 0, "name"), _DROP),
+        (("group_features", 0), {"name": "f", "source": "weird", "axis_names": [], "buckets": [8]}),
+        (IN_PTR0_DIM1, {"const": True}),
+        (IN_PTR0_DIM1, {"const": 10.0}),
+        (IN_PTR0_DIM1, {"const": "10"}),
+        (IN_PTR0_DIM1, {"mul": []}),
+        (IN_PTR0_DIM1, {"add": []}),
+        (IN_PTR0_DIM1, {"const": 10, "axis_name": "x0"}),
+        (("ordered_arg_specs", 2, "expr"), {"mod": [1, 2]}),
+        (("ordered_arg_specs", 2, "source"), "buffer"),
+        (("ordered_arg_specs", 1, "source"), "runtime_arg"),
+        (("ordered_arg_specs", 1, "name"), _DROP),
+        (("axis_static_values",), [["y9", "3"]]),
+        (("mutated_arg_names",), [3]),
+    ],
+)
+def test_known_cases_where_we_are_stricter(upstream: ModuleType, path: tuple[object, ...], value: object) -> None:
+    """Malformed plans upstream still sizes (Inductor never writes them); we fail closed instead."""
+    meta = _edit(path, value)
+    other = theirs(upstream, meta)
+    assert not isinstance(other, Exception), other
+    assert isinstance(ours(meta), NotBounded)
+
+
+def test_bare_sympy_integer_is_where_we_are_laxer(upstream: ModuleType) -> None:
+    """Upstream's codegen writes ``{"const": int(e)}``; a bare sympy.Integer we read as that constant."""
+    import sympy
+
+    meta = _edit(IN_PTR0_DIM1, sympy.Integer(10))
+    assert isinstance(theirs(upstream, meta), upstream.UnsupportedGroupedPlan)
+    mine = ours(meta)
+    assert not isinstance(mine, NotBounded) and mine[2].total_bytes == 560
+    assert theirs(upstream, _edit(IN_PTR0_DIM1, {"const": sympy.Integer(10)}))[1].total_bytes == 560  # type: ignore[index]
 
 
 def _class(tree: ast.Module, name: str) -> ast.ClassDef:
