@@ -1,0 +1,90 @@
+"""Decision stores: the local diskcache (default), Redis, both tiered, or none.
+
+``open_store`` picks one from its arguments and the environment:
+``PRESCREEN_CACHE=0``/``off`` switches caching off; ``PRESCREEN_REDIS_URL``
+adds Redis behind the local cache (``PRESCREEN_REDIS_LOCAL_TIER=0``: Redis
+only); the local directory is ``default_cache_dir()`` unless given.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prescreen.errors import ConfigError
+from prescreen.store.base import Store, StoreStats
+from prescreen.store.bundle import export_bundle, import_bundle
+from prescreen.store.clear import (
+    Predicate,
+    build_predicate,
+    match_all,
+    match_device,
+    match_kernel,
+    match_key_prefix,
+    match_older_than,
+    parse_duration,
+)
+from prescreen.store.disk import DiskStore, default_cache_dir, resolve_size_limit
+from prescreen.store.entry import Entry, InvalidEntry
+from prescreen.store.null import NullStore
+from prescreen.store.redis_store import REDIS_URL_ENV, RedisStore
+from prescreen.store.tiered import TieredStore
+from prescreen.store.verify import verify_entry
+
+CACHE_ENV = "PRESCREEN_CACHE"
+LOCAL_TIER_ENV = "PRESCREEN_REDIS_LOCAL_TIER"
+_OFF = frozenset({"0", "off", "false", "no", "disabled"})
+_ON = frozenset({"", "1", "on", "true", "yes"})
+
+__all__ = [
+    "CACHE_ENV",
+    "LOCAL_TIER_ENV",
+    "REDIS_URL_ENV",
+    "DiskStore",
+    "Entry",
+    "InvalidEntry",
+    "NullStore",
+    "Predicate",
+    "RedisStore",
+    "Store",
+    "StoreStats",
+    "TieredStore",
+    "build_predicate",
+    "default_cache_dir",
+    "export_bundle",
+    "import_bundle",
+    "match_all",
+    "match_device",
+    "match_kernel",
+    "match_key_prefix",
+    "match_older_than",
+    "open_store",
+    "parse_duration",
+    "resolve_size_limit",
+    "verify_entry",
+]
+
+
+def _switch(env: str) -> bool:
+    raw = os.environ.get(env, "").strip().lower()
+    if raw in _OFF:
+        return False
+    if raw in _ON:
+        return True
+    raise ConfigError(f"{env}={raw!r} is not a switch (expected 1/on or 0/off)")
+
+
+def open_store(
+    cache_dir: str | os.PathLike[str] | None = None,
+    redis_url: str | None = None,
+    size_limit: int | str | None = None,
+) -> Store:
+    """The configured store. Raises ``ConfigError`` only for bad settings; store faults never raise."""
+    if not _switch(CACHE_ENV):
+        return NullStore(detail=f"{CACHE_ENV} is off")
+    url = redis_url or os.environ.get(REDIS_URL_ENV, "").strip() or None
+    if url is None:
+        return DiskStore(cache_dir, size_limit=size_limit)
+    if not _switch(LOCAL_TIER_ENV):
+        return RedisStore(url)
+    local = DiskStore(cache_dir, size_limit=size_limit)
+    return TieredStore(local, RedisStore(url))

@@ -7,10 +7,13 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from prescreen.store.entry import Entry
 
 log = logging.getLogger("prescreen.store")
+
+S = TypeVar("S", bound="Store")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -73,5 +76,15 @@ class Store(abc.ABC):
         self.delete([e.key for e in doomed])
         return doomed
 
+    def clear_all(self) -> int:
+        """Delete everything the store holds, including invalid values; returns how many keys went."""
+        return len(self.remove_where(lambda _entry: True))
+
     def close(self) -> None:
         """Release connections and file handles."""
+
+    def __enter__(self: S) -> S:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

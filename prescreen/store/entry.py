@@ -123,6 +123,7 @@ class Entry:
         stored_plan = KernelPlan.from_payload(plan)
         if stored_plan.plan_hash() != parts.plan_hash or family_hash(stored_plan) != parts.family_hash:
             raise InvalidEntry("stored plan does not hash to the key's plan and family hashes")
+        check_decision(decision, parts, stored_plan)
         return entry
 
     @staticmethod
@@ -137,3 +138,20 @@ class Entry:
             raise
         except ValueError as exc:  # a NotBounded from the stored plan
             raise InvalidEntry(f"stored plan is invalid: {exc}") from None
+
+
+def check_decision(decision: Decision, parts: KeyParts, plan: KernelPlan) -> None:
+    """Check a stored decision against its key and plan; raises ``InvalidEntry``.
+
+    ``Decision.from_payload`` checks the decision's own numbers; this catches a
+    self-consistent decision for another device, memory size or ratio than the
+    key says, and a blockify flag that does not match the plan.
+    """
+    if (decision.device_kind, decision.total_memory, decision.ratio) != (
+        parts.device_kind,
+        parts.total_memory,
+        parts.ratio,
+    ):
+        raise InvalidEntry("stored decision is for another device, memory size or ratio than its key")
+    if decision.enable_auto_blockify != ((not decision.tune) and plan.is_dynamic):
+        raise InvalidEntry("stored decision's enable_auto_blockify does not match its action and plan")

@@ -10,12 +10,13 @@ treats as an invalid entry: nothing read from the cache is ever unpickled.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sqlite3
 import time
 from collections.abc import Callable
 
 import diskcache
-from diskcache.core import MODE_BINARY, MODE_PICKLE, MODE_RAW, MODE_TEXT, UNKNOWN
+from diskcache.core import DBNAME, MODE_BINARY, MODE_PICKLE, MODE_RAW, MODE_TEXT, UNKNOWN
 
 _MODE_NAMES = {MODE_RAW: "raw", MODE_BINARY: "binary", MODE_TEXT: "text", MODE_PICKLE: "pickle"}
 
@@ -57,14 +58,23 @@ class FastOpenCache(diskcache.Cache):
     """A ``diskcache.Cache`` whose initialisation gives up on a locked database after ``open_timeout``.
 
     diskcache retries the statements of ``__init__`` for 60 s while another
-    connection holds a lock; a compile must not wait that long, so the retry
-    loop (diskcache's ``_sql_retry``) is bounded here.
+    connection holds a lock; a compile must not wait that long. So an existing
+    database is first probed with one read under a short SQLite timeout (which
+    fails fast on an exclusive lock, a corrupt file or an unreadable one), and
+    the statement retry loop (diskcache's ``_sql_retry``) is bounded too.
     """
 
     open_timeout: float = 1.0
 
     def __init__(self, directory: str, *, open_timeout: float, **kwargs: object) -> None:
         self.open_timeout = open_timeout
+        db = os.path.join(directory, DBNAME)
+        if os.path.isfile(db):
+            probe = sqlite3.connect(db, timeout=open_timeout)
+            try:
+                probe.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            finally:
+                probe.close()
         super().__init__(directory, **kwargs)
 
     @property

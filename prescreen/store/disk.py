@@ -1,0 +1,326 @@
+"""The embedded store: one diskcache directory, JSON text values, faults degrade to misses.
+
+Layout: the entry under its 64-hex key (JSON text from ``Entry.to_json``,
+inline in ``cache.db`` or, above ``min_file_size``, in a ``.val`` text file),
+and its hit counter, an integer, under ``hits:<key>``, so a hit never rewrites
+the entry. ``put`` is ``Cache.add``: the first writer wins and concurrent
+writers of one key store one value; an invalid value under the key is
+replaced. Evictions are least-recently-stored once ``size_limit`` is reached.
+
+Faults: a locked database (SQLite timeout ``timeout``, default 0.5 s) or a
+full disk pauses reads or writes for ``cooldown`` seconds; a read-only
+directory serves reads through ``ReadOnlyCache``; a corrupt ``cache.db`` is
+moved aside and its valid entries salvaged (``recovery``); a directory that
+cannot be opened at all makes a no-op store that retries after ``cooldown``.
+Each kind of fault is warned about once; none raises.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+from diskcache.core import DBNAME
+
+from prescreen.budget import parse_memory
+from prescreen.errors import ConfigError
+from prescreen.store.base import Store, StoreStats, log
+from prescreen.store.entry import Entry, InvalidEntry
+from prescreen.store.faults import Fault, classify
+from prescreen.store.readonly import ReadOnlyCache
+from prescreen.store.recovery import quarantine, recovery_lock, salvage
+from prescreen.store.textdisk import FastOpenCache, Refused, TextDisk
+
+CACHE_DIR_ENV = "PRESCREEN_CACHE_DIR"
+SIZE_LIMIT_ENV = "PRESCREEN_CACHE_SIZE_LIMIT"
+DEFAULT_SIZE_LIMIT = 2**30
+DEFAULT_TIMEOUT = 0.5
+DEFAULT_COOLDOWN = 30.0
+HITS_PREFIX = "hits:"
+
+T = TypeVar("T")
+
+
+def default_cache_dir() -> Path:
+    """``$PRESCREEN_CACHE_DIR``, else ``$TORCHINDUCTOR_CACHE_DIR/prescreen``, else the user cache dir."""
+    explicit = os.environ.get(CACHE_DIR_ENV)
+    if explicit:
+        return Path(explicit).expanduser()
+    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if inductor:
+        return Path(inductor).expanduser() / "prescreen"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg).expanduser() / "prescreen"
+    try:
+        return Path.home() / ".cache" / "prescreen"
+    except (RuntimeError, KeyError):  # no HOME and no passwd entry
+        return Path(tempfile.gettempdir()) / f"prescreen-{os.getuid()}"
+
+
+def resolve_size_limit(size_limit: int | str | None = None) -> int:
+    """Bytes from the argument, else ``$PRESCREEN_CACHE_SIZE_LIMIT`` (e.g. ``512MiB``), else 1 GiB."""
+    if size_limit is not None:
+        source, raw = "size_limit", size_limit
+    else:
+        raw = os.environ.get(SIZE_LIMIT_ENV, "").strip()
+        if not raw:
+            return DEFAULT_SIZE_LIMIT
+        source = SIZE_LIMIT_ENV
+    try:
+        return parse_memory(raw)
+    except ConfigError:
+        raise ConfigError(f"{source}={raw!r} is not a size (expected e.g. 1GiB, 512MiB or a byte count)") from None
+
+
+def _is_entry_key(key: object) -> bool:
+    return isinstance(key, str) and not key.startswith(HITS_PREFIX)
+
+
+class DiskStore(Store):
+    """Decisions in a local diskcache directory (see the module docstring for layout and faults)."""
+
+    backend = "disk"
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | None = None,
+        *,
+        size_limit: int | str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        cooldown: float = DEFAULT_COOLDOWN,
+        count_hits: bool = True,
+        min_file_size: int = 2**15,
+    ) -> None:
+        super().__init__()
+        self.directory = Path(directory).expanduser() if directory is not None else default_cache_dir()
+        self.location = str(self.directory)
+        self.size_limit = resolve_size_limit(size_limit)
+        self.timeout = timeout
+        self.cooldown = cooldown
+        self.count_hits = count_hits
+        self.min_file_size = min_file_size
+        self.recovered: tuple[str, int] | None = None  # (moved-aside file, entries restored)
+        self._cache: FastOpenCache | None = None
+        self._reader: ReadOnlyCache | None = None
+        self._open_again_at = 0.0
+        self._reads_paused_until = 0.0
+        self._writes_paused_until = 0.0
+        self._healthy = False
+        self._lock = threading.RLock()
+        self._open()
+
+    # -- opening and faults -------------------------------------------------
+
+    def _new_cache(self) -> FastOpenCache:
+        return FastOpenCache(
+            str(self.directory),
+            open_timeout=max(self.timeout, 0.05),
+            timeout=self.timeout,
+            disk=TextDisk,
+            size_limit=self.size_limit,
+            eviction_policy="least-recently-stored",
+            disk_min_file_size=self.min_file_size,
+            statistics=0,
+        )
+
+    def _open(self) -> None:
+        """Open read-write; else recover a corrupt file, serve a read-only one, or stay closed for a while."""
+        try:
+            self._cache = self._new_cache()
+            self._healthy = True
+            return
+        except Exception as exc:  # every open failure degrades the same way
+            fault, error = classify(exc), exc
+        if fault is Fault.CORRUPT and self._recover(error):
+            return
+        if fault in (Fault.READ_ONLY, Fault.UNAVAILABLE) and (self.directory / DBNAME).is_file():
+            try:
+                self._reader = ReadOnlyCache(self.directory, self.timeout)
+            except Exception:
+                pass
+            else:
+                self.warn_once(Fault.READ_ONLY.value, f"{error}; serving reads only ({self._reader.mode})")
+                self._writes_paused_until = math.inf
+                return
+        self.warn_once(fault.value, f"{error}; the store is off for {self.cooldown:g} s")
+        self._open_again_at = time.monotonic() + self.cooldown
+
+    def _recover(self, error: BaseException) -> bool:
+        """Move a corrupt ``cache.db`` aside, open a fresh one and restore what is valid."""
+        try:
+            with recovery_lock(self.directory):
+                moved = quarantine(self.directory, self.timeout)
+                cache = self._new_cache()
+                restored = salvage(cache, self.directory, moved)
+        except Exception as exc:
+            self.warn_once(Fault.CORRUPT.value, f"{error}; recovery failed: {exc}")
+            return False
+        self._cache, self._healthy = cache, True
+        if moved is not None:
+            self.recovered = (moved.name, restored)
+            self.warn_once(
+                Fault.CORRUPT.value,
+                f"{error}; moved it aside to {moved.name}, started afresh and restored {restored} valid entries",
+            )
+        return True
+
+    def _fault(self, exc: BaseException, write: bool) -> None:
+        fault = classify(exc)
+        self._healthy = False
+        now = time.monotonic()
+        if fault is Fault.CORRUPT:
+            with self._lock:
+                self._close_handles()
+                if not self._recover(exc):
+                    self._open_again_at = now + self.cooldown
+            return
+        if fault is Fault.READ_ONLY:
+            self._writes_paused_until = math.inf
+        elif write and fault in (Fault.LOCKED, Fault.FULL):
+            self._writes_paused_until = now + self.cooldown
+        else:
+            self._reads_paused_until = self._writes_paused_until = now + self.cooldown
+        detail = str(exc) or f"{type(exc).__name__} after {self.timeout:g} s"
+        self.warn_once(fault.value, f"{detail}; pausing {'writes' if write else 'the store'} for {self.cooldown:g} s")
+
+    def _handle(self, write: bool) -> FastOpenCache | ReadOnlyCache | None:
+        now = time.monotonic()
+        if now < (self._writes_paused_until if write else self._reads_paused_until):
+            return None
+        if self._cache is None and self._reader is None and now >= self._open_again_at:
+            with self._lock:
+                if self._cache is None and self._reader is None:
+                    self._open()
+        if write or self._cache is not None:  # not `or`: an empty Cache is falsy (it has __len__)
+            return self._cache
+        return self._reader
+
+    def _run(self, write: bool, op: Callable[[FastOpenCache | ReadOnlyCache], T], default: T) -> T:
+        handle = self._handle(write)
+        if handle is None:
+            return default
+        try:
+            result = op(handle)
+        except Exception as exc:  # a store fault is never the compile's problem
+            self._fault(exc, write)
+            return default
+        if write:
+            self._healthy = True
+        return result
+
+    # -- decoding -----------------------------------------------------------
+
+    def _decode(self, key: str, raw: object, *, warn: bool = True) -> Entry | None:
+        if raw is None:
+            return None
+        try:
+            if isinstance(raw, Refused):
+                raise InvalidEntry(f"value is stored as {raw.mode}, not JSON text; it is never unpickled")
+            if not isinstance(raw, str):
+                raise InvalidEntry(f"value is a {type(raw).__name__}, not JSON text")
+            return Entry.from_json(raw, expected_key=key)
+        except InvalidEntry as exc:
+            if warn:
+                what = "entry from another schema" if "schema" in str(exc) else "invalid entry"
+                self.warn_once(what, f"key {key[:12]}: {exc}")
+            return None
+
+    def _stored_hits(self, key: str) -> int:
+        value = self._run(False, lambda c: c.get(HITS_PREFIX + key), None)
+        return value if type(value) is int else 0
+
+    # -- the Store interface ----------------------------------------------------
+
+    def get(self, key: str) -> Entry | None:
+        entry = self._decode(key, self._run(False, lambda c: c.get(key), None))
+        if entry is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        hits = None
+        if self.count_hits and self._cache is not None:
+            hits = self._run(True, lambda c: c.incr(HITS_PREFIX + key), None)
+        return entry.with_hits(hits if type(hits) is int else self._stored_hits(key))
+
+    def put(self, entry: Entry) -> bool:
+        text = entry.with_hits(0).to_json()
+
+        def add(cache: FastOpenCache | ReadOnlyCache) -> bool:
+            assert isinstance(cache, FastOpenCache)
+            if cache.add(entry.key, text):
+                return True
+            with cache.transact():
+                if self._decode(entry.key, cache.get(entry.key), warn=False) is not None:
+                    return False
+                cache.set(entry.key, text)
+                cache.delete(HITS_PREFIX + entry.key)
+                log.info("prescreen disk store: replaced an invalid value under %s", entry.key[:12])
+                return True
+
+        return self._run(True, add, False)
+
+    def keys(self) -> list[str]:
+        """Every entry key stored (valid or not)."""
+        return self._run(False, lambda c: [k for k in c.iterkeys() if _is_entry_key(k)], [])
+
+    def entries(self) -> Iterator[Entry]:
+        for key in self.keys():
+            entry = self._decode(key, self._run(False, lambda c, k=key: c.get(k), None))
+            if entry is not None:
+                yield entry.with_hits(self._stored_hits(key))
+
+    def delete(self, keys: list[str]) -> int:
+        def remove(cache: FastOpenCache | ReadOnlyCache) -> int:
+            assert isinstance(cache, FastOpenCache)
+            removed = 0
+            with cache.transact():
+                for key in keys:
+                    removed += bool(cache.delete(key))
+                    cache.delete(HITS_PREFIX + key)
+            return removed
+
+        return self._run(True, remove, 0)
+
+    def clear_all(self) -> int:
+        def clear(cache: FastOpenCache | ReadOnlyCache) -> int:
+            assert isinstance(cache, FastOpenCache)
+            count = sum(1 for k in cache.iterkeys() if _is_entry_key(k))
+            cache.clear()
+            return count
+
+        return self._run(True, clear, 0)
+
+    def stats(self) -> StoreStats:
+        count = len(self.keys())
+        size = self._run(False, lambda c: c.volume(), None)
+        if self._reader is not None:
+            detail = f"read-only ({self._reader.mode})"
+        elif self._cache is None:
+            detail = "unavailable (no-op until it can be opened)"
+        else:
+            detail = f"size_limit={self.size_limit} timeout={self.timeout:g}s"
+        if self.recovered is not None:
+            detail += f"; recovered {self.recovered[1]} entries, corrupt file moved to {self.recovered[0]}"
+        healthy = self._cache is not None and self._healthy and time.monotonic() >= self._writes_paused_until
+        return StoreStats(self.backend, self.location, count, size, self.hits, self.misses, healthy, detail)
+
+    def _close_handles(self) -> None:
+        for handle in (self._cache, self._reader):
+            if handle is not None:
+                try:
+                    handle.close()
+                except Exception:
+                    pass
+        self._cache = self._reader = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_handles()
+            self._open_again_at = math.inf

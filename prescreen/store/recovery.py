@@ -1,0 +1,138 @@
+"""Recover from a corrupt ``cache.db``: move it aside, start afresh, keep every valid entry that can be read.
+
+Under an exclusive ``flock`` on ``recovery.lock`` (so that several processes
+finding the same corrupt file do not move each other's fresh database aside),
+the file is checked again; if it is still corrupt, ``cache.db`` and its
+``-wal``/``-shm`` companions are renamed to ``cache.db.corrupt-<time>-<pid>``.
+The caller then opens a fresh cache and calls ``salvage``: rows still readable
+from the moved-aside database, and the ``.val`` text files in the directory
+(large entries; each names its own key), are validated as entries and added
+back. Nothing is deleted except ``.val`` files whose entry was re-added.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import diskcache
+from diskcache.core import DBNAME
+
+from prescreen.store.entry import Entry, InvalidEntry
+from prescreen.store.textdisk import TextDisk
+
+LOCK_NAME = "recovery.lock"
+_COMPANIONS = ("", "-wal", "-shm")
+
+
+@contextlib.contextmanager
+def recovery_lock(directory: Path) -> Iterator[None]:
+    """Serialise recovery between processes sharing ``directory``."""
+    with open(directory / LOCK_NAME, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def is_corrupt(db: Path, timeout: float) -> bool:
+    """True when SQLite cannot read ``db`` as a database (a missing file is not corrupt)."""
+    if not db.exists():
+        return False
+    try:
+        con = sqlite3.connect(str(db), timeout=timeout)
+    except sqlite3.Error:
+        return False
+    try:
+        (result,) = con.execute("PRAGMA quick_check(1)").fetchone()
+        return result != "ok"
+    except sqlite3.OperationalError as exc:
+        return "malformed" in str(exc) or "not a database" in str(exc)
+    except sqlite3.DatabaseError:
+        return True
+    finally:
+        con.close()
+
+
+def quarantine(directory: Path, timeout: float) -> Path | None:
+    """Move a still-corrupt ``cache.db`` aside; returns its new path, or None if it was healthy (again)."""
+    db = directory / DBNAME
+    if not is_corrupt(db, timeout):
+        return None
+    suffix = f".corrupt-{int(time.time())}-{os.getpid()}"
+    for companion in _COMPANIONS:
+        path = directory / (DBNAME + companion)
+        if path.exists():
+            os.replace(path, directory / (DBNAME + companion + suffix))
+    return directory / (DBNAME + suffix)
+
+
+def _rows(moved: Path, disk: TextDisk) -> Iterator[tuple[str, str | None]]:
+    """(text, value file) of each row still readable from the moved-aside database, until it breaks."""
+    try:
+        con = sqlite3.connect(moved.resolve().as_uri() + "?mode=ro", uri=True)
+    except sqlite3.Error:
+        return
+    try:
+        last = 0
+        while True:
+            row = con.execute(
+                "SELECT rowid, mode, filename, value FROM Cache WHERE raw = 1 AND rowid > ? ORDER BY rowid LIMIT 1",
+                (last,),
+            ).fetchone()
+            if row is None:
+                return
+            last, mode, filename, value = row
+            try:
+                text = disk.fetch(mode, filename, value, False)
+            except OSError:
+                continue
+            if isinstance(text, str):
+                yield text, filename
+    except sqlite3.Error:
+        return
+    finally:
+        con.close()
+
+
+def _value_files(directory: Path) -> Iterator[Path]:
+    for sub in sorted(directory.iterdir()):
+        if sub.is_dir() and len(sub.name) == 2:
+            yield from sorted(sub.rglob("*.val"))
+
+
+def _restore(cache: diskcache.Cache, text: str) -> bool | None:
+    """True: re-added; False: a valid entry already there; None: not a valid entry."""
+    try:
+        entry = Entry.from_json(text)
+    except InvalidEntry:
+        return None
+    return bool(cache.add(entry.key, entry.with_hits(0).to_json()))
+
+
+def salvage(cache: diskcache.Cache, directory: Path, moved: Path | None) -> int:
+    """Re-add the valid entries of a moved-aside database and of orphaned ``.val`` files; returns how many."""
+    disk = TextDisk(str(directory))
+    restored = 0
+    for text, filename in _rows(moved, disk) if moved is not None else ():
+        outcome = _restore(cache, text)
+        restored += outcome is True
+        if outcome is not None and filename:  # only the moved-aside database referred to this file
+            with contextlib.suppress(OSError):
+                (directory / filename).unlink()
+    for path in _value_files(directory):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        if _restore(cache, text):
+            restored += 1
+            with contextlib.suppress(OSError):
+                path.unlink()
+    return restored

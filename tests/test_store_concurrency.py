@@ -1,0 +1,101 @@
+"""Real processes sharing one DiskStore: overlapping writers/readers, and a stampede on one key."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+from pathlib import Path
+
+import pytest
+from test_store_support import BUDGET, make_plan
+
+from prescreen.decision import decide
+from prescreen.key import build_key
+from prescreen.service import COUNTERS, lookup_or_decide
+from prescreen.store import DiskStore
+
+pytestmark = pytest.mark.slow
+
+PROCESSES = 8
+KEYS_PER_PROCESS = 1000
+KEY_SPACE = 2000  # each process draws 1000 of these: heavy overlap between processes
+
+CTX = multiprocessing.get_context("fork")
+
+
+def seeds_of(worker: int) -> list[int]:
+    return random.Random(worker).sample(range(KEY_SPACE), KEYS_PER_PROCESS)
+
+
+def _overlapping_worker(directory: str, worker: int, barrier: object, results: object) -> None:
+    stored_before = COUNTERS.stored
+    wrong = hits = 0
+    barrier.wait()
+    with DiskStore(directory) as store:
+        for seed in seeds_of(worker):
+            plan = make_plan(seed)
+            outcome = lookup_or_decide(plan, BUDGET, store)
+            if outcome.hit:
+                hits += 1
+                wrong += outcome.decision != decide(plan, BUDGET)
+    results.put({"worker": worker, "hits": hits, "stored": COUNTERS.stored - stored_before, "wrong": wrong})
+
+
+def run_processes(target: object, args_of: object, count: int) -> list[dict[str, object]]:
+    barrier, results = CTX.Barrier(count), CTX.Queue()
+    procs = [CTX.Process(target=target, args=(*args_of(i), barrier, results)) for i in range(count)]
+    for p in procs:
+        p.start()
+    out = [results.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0] * count
+    return out
+
+
+def test_overlapping_processes_store_every_decision_once(tmp_path: Path) -> None:
+    directory = str(tmp_path / "cache")
+    results = run_processes(_overlapping_worker, lambda i: (directory, i), PROCESSES)
+    assert sum(r["wrong"] for r in results) == 0
+    all_seeds = sorted({s for w in range(PROCESSES) for s in seeds_of(w)})
+    # first writer wins: every distinct key was stored by exactly one process
+    assert sum(r["stored"] for r in results) == len(all_seeds)
+    # at most one miss per key, unless two processes missed the same key at the same moment
+    assert 0 < sum(r["hits"] for r in results) <= PROCESSES * KEYS_PER_PROCESS - len(all_seeds)
+    with DiskStore(directory) as store:
+        assert len(store.keys()) == len(all_seeds)
+        for seed in all_seeds:
+            plan = make_plan(seed)
+            entry = store.get(build_key(plan, BUDGET)[0])
+            assert entry is not None, f"seed {seed} missing"
+            assert entry.decision == decide(plan, BUDGET)
+
+
+def _stampede_worker(directory: str, worker: int, barrier: object, results: object) -> None:
+    plan = make_plan(4242)
+    stored_before = COUNTERS.stored
+    barrier.wait()
+    with DiskStore(directory) as store:
+        outcome = lookup_or_decide(plan, BUDGET, store)
+    results.put(
+        {
+            "pid": os.getpid(),
+            "stored": COUNTERS.stored - stored_before,
+            "decision": outcome.decision,
+            "hit": outcome.hit,
+        }
+    )
+
+
+def test_stampede_on_one_key_stores_one_value(tmp_path: Path) -> None:
+    directory = str(tmp_path / "cache")
+    results = run_processes(_stampede_worker, lambda i: (directory, i), 12)
+    fresh = decide(make_plan(4242), BUDGET)
+    assert all(r["decision"] == fresh for r in results)
+    winners = [r["pid"] for r in results if r["stored"]]
+    assert len(winners) == 1
+    with DiskStore(directory) as store:
+        assert len(store.keys()) == 1
+        entry = store.get(build_key(make_plan(4242), BUDGET)[0])
+    assert entry is not None and entry.pid == winners[0] and entry.decision == fresh

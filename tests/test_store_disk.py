@@ -1,0 +1,268 @@
+"""DiskStore: round trip, hit counts, first-writer-wins, invalid values, no pickle, eviction, configuration."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import pickle
+from pathlib import Path
+
+import diskcache
+import pytest
+from test_store_support import BUDGET, make_entry, make_plan, warnings_of
+
+from prescreen.decision import decide
+from prescreen.errors import ConfigError
+from prescreen.service import lookup_or_decide
+from prescreen.store import (
+    DiskStore,
+    NullStore,
+    RedisStore,
+    TieredStore,
+    default_cache_dir,
+    open_store,
+    verify_entry,
+)
+from prescreen.store.disk import HITS_PREFIX
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    with DiskStore(tmp_path / "cache", cooldown=0) as s:
+        yield s
+
+
+def raw_cache(directory: Path) -> diskcache.Cache:
+    """The directory opened with plain diskcache (default pickling Disk), as a foreign writer would."""
+    return diskcache.Cache(str(directory))
+
+
+def test_round_trip(store: DiskStore) -> None:
+    entry = make_entry(1)
+    assert store.put(entry)
+    got = store.get(entry.key)
+    assert got is not None
+    assert got.with_hits(0).to_payload() == entry.to_payload()
+    assert got.decision == decide(make_plan(1), BUDGET)
+    assert verify_entry(got)
+
+
+def test_miss_then_hit_through_the_service(store: DiskStore) -> None:
+    plan = make_plan(2)
+    first = lookup_or_decide(plan, BUDGET, store)
+    second = lookup_or_decide(plan, BUDGET, store)
+    assert (first.hit, second.hit) == (False, True)
+    assert second.decision == first.decision == decide(plan, BUDGET)
+    assert (store.hits, store.misses) == (1, 1)
+
+
+def test_hits_are_counted_beside_the_entry(store: DiskStore) -> None:
+    entry = make_entry(3)
+    store.put(entry)
+    text_before = raw_cache(store.directory).get(entry.key)
+    assert [store.get(entry.key).hits for _ in range(3)] == [1, 2, 3]
+    raw = raw_cache(store.directory)
+    assert raw.get(entry.key) == text_before  # the entry text is never rewritten on a hit
+    assert json.loads(text_before)["hits"] == 0
+    assert raw.get(HITS_PREFIX + entry.key) == 3
+    assert [e.hits for e in store.entries()] == [3]
+
+
+def test_first_writer_wins(store: DiskStore) -> None:
+    entry = make_entry(4)
+    rival = dataclasses.replace(entry, pid=entry.pid + 1)
+    assert store.put(entry)
+    assert not store.put(rival)
+    assert store.get(entry.key).pid == entry.pid
+
+
+def _tampered_action(entry_json: str) -> str:
+    d = json.loads(entry_json)
+    d["decision"]["action"] = "fallback" if d["decision"]["action"] == "tune" else "tune"
+    return json.dumps(d)
+
+
+def _other_memory(entry_json: str) -> str:
+    """A self-consistent decision for twice the memory (plan 5 is not bounded: still a fallback)."""
+    d = json.loads(entry_json)
+    decision = d["decision"]
+    assert not decision["bounded"]
+    decision["total_memory"] *= 2
+    decision["budget_bytes"] = int(decision["total_memory"] * decision["ratio"])
+    return json.dumps(d)
+
+
+def _old_schema(entry_json: str) -> str:
+    d = json.loads(entry_json)
+    d["schema_version"] = 0
+    return json.dumps(d)
+
+
+INVALID_VALUES = {
+    "not-json": lambda text, other: "{not json",
+    "wrong-key": lambda text, other: other,
+    "flipped-action": lambda text, other: _tampered_action(text),
+    "decision-for-other-memory": lambda text, other: _other_memory(text),
+    "old-schema": lambda text, other: _old_schema(text),
+    "pickled-blob": lambda text, other: {"decision": "tune"},  # stored by plain diskcache as a pickle
+    "integer": lambda text, other: 7,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(INVALID_VALUES))
+def test_invalid_value_is_a_miss_then_replaced(store: DiskStore, kind: str, caplog) -> None:
+    plan = make_plan(5)
+    entry, other = make_entry(5), make_entry(6)
+    raw_cache(store.directory).set(entry.key, INVALID_VALUES[kind](entry.to_json(), other.to_json()))
+    with caplog.at_level(logging.WARNING, logger="prescreen.store"):
+        assert store.get(entry.key) is None
+        outcome = lookup_or_decide(plan, BUDGET, store)
+        assert store.get("0" * 64) is None
+    assert not outcome.hit
+    assert outcome.decision == decide(plan, BUDGET)
+    assert len(warnings_of(caplog)) == 1  # warned once, although read twice
+    stored = store.get(entry.key)  # put replaced the invalid value
+    assert stored is not None and stored.decision == decide(plan, BUDGET)
+
+
+class _Boom:
+    """Unpickling this creates ``marker``: proof that something unpickled it."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+def test_nothing_is_ever_unpickled(store: DiskStore, tmp_path: Path) -> None:
+    entry = make_entry(7)
+    value_marker, key_marker = tmp_path / "value-unpickled", tmp_path / "key-unpickled"
+    raw = raw_cache(store.directory)
+    raw.set(entry.key, _Boom(str(value_marker)))
+    raw.set(("not", "a", "string", _Boom(str(key_marker))), "x")
+    assert pickle.loads(pickle.dumps(_Boom(str(tmp_path / "control")))) is None  # the trap works
+    assert (tmp_path / "control").is_dir()
+    assert store.get(entry.key) is None
+    assert list(store.entries()) == []
+    assert store.keys() == [entry.key]
+    assert store.stats().entries == 1
+    assert store.put(entry)
+    assert store.get(entry.key) is not None
+    assert not value_marker.exists() and not key_marker.exists()
+
+
+def test_large_entries_are_text_files(tmp_path: Path) -> None:
+    with DiskStore(tmp_path / "c", min_file_size=1024) as store:
+        entry = make_entry(8, n_args=6, n_buckets=4)
+        assert store.put(entry)
+        files = list((tmp_path / "c").rglob("*.val"))
+        assert len(files) == 1
+        assert json.loads(files[0].read_text())["key"] == entry.key
+        assert store.get(entry.key).decision == entry.decision
+
+
+def test_eviction_under_a_small_size_limit(tmp_path: Path) -> None:
+    limit = 96 * 1024
+    with DiskStore(tmp_path / "c", size_limit=limit) as store:
+        entries = [make_entry(seed) for seed in range(80)]
+        for entry in entries:
+            assert store.put(entry)
+        keys = set(store.keys())
+        stats = store.stats()
+    assert 0 < len(keys) < len(entries)
+    assert entries[0].key not in keys and entries[-1].key in keys  # least recently stored went first
+    assert stats.size_bytes is not None and stats.size_bytes < 2 * limit
+
+
+def test_delete_and_clear_all(store: DiskStore) -> None:
+    entries = [make_entry(seed) for seed in range(10, 14)]
+    for entry in entries:
+        store.put(entry)
+    store.get(entries[0].key)
+    assert store.delete([entries[0].key, entries[1].key, "f" * 64]) == 2
+    assert store.get(entries[0].key) is None
+    assert HITS_PREFIX + entries[0].key not in raw_cache(store.directory)
+    raw_cache(store.directory).set("e" * 64, "{garbage")
+    assert store.clear_all() == 3  # two valid entries and the garbage
+    assert store.keys() == []
+
+
+def test_stats(store: DiskStore) -> None:
+    entry = make_entry(15)
+    store.get(entry.key)
+    store.put(entry)
+    store.get(entry.key)
+    stats = store.stats()
+    assert (stats.backend, stats.entries, stats.hits, stats.misses, stats.healthy) == ("disk", 1, 1, 1, True)
+    assert stats.size_bytes and stats.size_bytes > 0
+    assert stats.location == str(store.directory)
+
+
+def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in ("PRESCREEN_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_cache_dir() == tmp_path / "home" / ".cache" / "prescreen"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "prescreen"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    assert default_cache_dir() == tmp_path / "inductor" / "prescreen"
+    monkeypatch.setenv("PRESCREEN_CACHE_DIR", str(tmp_path / "explicit"))
+    assert default_cache_dir() == tmp_path / "explicit"
+    with DiskStore() as store:
+        assert store.directory == tmp_path / "explicit"
+
+
+def test_size_limit_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PRESCREEN_CACHE_SIZE_LIMIT", "512MiB")
+    with DiskStore(tmp_path / "c") as store:
+        assert store.size_limit == 512 * 2**20
+        assert store._cache is not None and store._cache.size_limit == 512 * 2**20
+    with DiskStore(tmp_path / "c", size_limit="2GiB") as store:
+        assert store.size_limit == 2 * 2**30
+    monkeypatch.setenv("PRESCREEN_CACHE_SIZE_LIMIT", "lots")
+    with pytest.raises(ConfigError, match="PRESCREEN_CACHE_SIZE_LIMIT='lots'"):
+        DiskStore(tmp_path / "c")
+
+
+def test_open_store_selects_the_backend(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in ("PRESCREEN_CACHE", "PRESCREEN_REDIS_URL", "PRESCREEN_REDIS_LOCAL_TIER"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PRESCREEN_CACHE_DIR", str(tmp_path / "env-dir"))
+    store = open_store()
+    assert isinstance(store, DiskStore) and store.directory == tmp_path / "env-dir"
+    store.close()
+    assert open_store(cache_dir=tmp_path / "arg").directory == tmp_path / "arg"
+
+    monkeypatch.setenv("PRESCREEN_REDIS_URL", "redis://127.0.0.1:1/0")
+    tiered = open_store(cache_dir=tmp_path / "t")
+    assert isinstance(tiered, TieredStore) and isinstance(tiered.remote, RedisStore)
+    monkeypatch.setenv("PRESCREEN_REDIS_LOCAL_TIER", "0")
+    assert isinstance(open_store(), RedisStore)
+
+    monkeypatch.setenv("PRESCREEN_CACHE", "off")
+    off = open_store()
+    assert isinstance(off, NullStore)
+    entry = make_entry(16)
+    assert not off.put(entry) and off.get(entry.key) is None and off.stats().entries == 0
+
+    monkeypatch.setenv("PRESCREEN_CACHE", "sometimes")
+    with pytest.raises(ConfigError, match="PRESCREEN_CACHE='sometimes'"):
+        open_store()
+    monkeypatch.setenv("PRESCREEN_CACHE", "1")
+    monkeypatch.setenv("PRESCREEN_REDIS_URL", "http://not-redis")
+    with pytest.raises(ConfigError, match="PRESCREEN_REDIS_URL"):
+        open_store()
+
+
+def test_verify_entry_catches_a_consistent_forgery(store: DiskStore) -> None:
+    entry = make_entry(17)
+    assert verify_entry(entry)
+    d = entry.to_payload()
+    d["decision"]["reason"] = "forged"
+    raw_cache(store.directory).set(entry.key, json.dumps(d))
+    forged = store.get(entry.key)  # structurally valid: the store cannot tell
+    assert forged is not None and not verify_entry(forged)

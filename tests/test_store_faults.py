@@ -1,0 +1,276 @@
+"""Store faults: corrupt, locked, read-only, unopenable and full caches mean warn, miss, compute; never raise."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import sqlite3
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from test_store_support import BUDGET, make_entry, make_plan, warnings_of
+
+from prescreen.decision import decide
+from prescreen.plan import KernelPlan
+from prescreen.service import lookup_or_decide
+from prescreen.store import DiskStore
+from prescreen.store.entry import Entry
+
+HANG_GUARD_S = 30.0  # not a latency check: only catches a store that blocks a compile indefinitely
+
+
+def n_args_of(seed: int) -> int:
+    """Odd seeds make large plans (about 8 KB of JSON), even ones small plans (about 4 KB)."""
+    return 14 if seed % 2 else 2
+
+
+def entry_of(seed: int) -> Entry:
+    return make_entry(seed, n_args=n_args_of(seed))
+
+
+def plan_of(seed: int) -> KernelPlan:
+    return make_plan(seed, n_args=n_args_of(seed))
+
+
+def correct_or_miss(store: DiskStore, seeds: range) -> int:
+    """Every get is a miss or exactly the fresh decision; returns the number of hits."""
+    hits = 0
+    for seed in seeds:
+        got = store.get(entry_of(seed).key)
+        if got is not None:
+            assert got.decision == decide(plan_of(seed), BUDGET)
+            hits += 1
+    return hits
+
+
+def lookups_are_correct(store: DiskStore, seeds: range) -> None:
+    for seed in seeds:
+        plan = plan_of(seed)
+        assert lookup_or_decide(plan, BUDGET, store).decision == decide(plan, BUDGET)
+
+
+def run_guarded(fn: Callable[[], object]) -> object:
+    """Run ``fn`` in a thread; fail if it is still running after the hang guard."""
+    result: list[object] = []
+    thread = threading.Thread(target=lambda: result.append(fn()), daemon=True)
+    thread.start()
+    thread.join(HANG_GUARD_S)
+    assert not thread.is_alive(), "store call blocked (a compile would hang)"
+    return result[0]
+
+
+# -- corrupt ------------------------------------------------------------------
+
+
+def fill(directory: Path, seeds: range, **kw: object) -> None:
+    with DiskStore(directory, **kw) as store:
+        for seed in seeds:
+            assert store.put(entry_of(seed))
+
+
+def test_corrupt_database_is_moved_aside_and_file_entries_restored(tmp_path: Path, caplog) -> None:
+    directory, neighbour = tmp_path / "cache", tmp_path / "neighbour"
+    fill(directory, range(6), min_file_size=6000)  # odd seeds are large: .val text files
+    fill(neighbour, range(3))
+    (directory / "notes.txt").write_text("not ours")
+    with open(directory / "cache.db", "r+b") as db:
+        db.write(os.urandom(8192))
+    with caplog.at_level(logging.WARNING, logger="prescreen.store"):
+        store = DiskStore(directory, min_file_size=6000)
+        for seed in range(6):
+            got = store.get(entry_of(seed).key)
+            if seed % 2:
+                assert got is not None and got.decision == decide(plan_of(seed), BUDGET)
+            else:
+                assert got is None  # it lived in the destroyed file
+        lookups_are_correct(store, range(6))
+    messages = warnings_of(caplog)
+    assert len(messages) == 1 and "corrupt" in messages[0] and "restored 3 valid entries" in messages[0]
+    assert len(list(directory.glob("cache.db.corrupt-*"))) == 1
+    assert store.stats().healthy and "recovered 3 entries" in store.stats().detail
+    assert (directory / "notes.txt").read_text() == "not ours"
+    with DiskStore(neighbour) as other:
+        assert correct_or_miss(other, range(3)) == 3
+    store.close()
+
+
+@pytest.mark.parametrize("offset", [4096, 12288, 20480])
+def test_garbage_inside_the_database(tmp_path: Path, offset: int, caplog) -> None:
+    directory = tmp_path / "cache"
+    fill(directory, range(12))
+    with open(directory / "cache.db", "r+b") as db:
+        db.seek(offset)
+        db.write(os.urandom(4096))
+    with caplog.at_level(logging.WARNING, logger="prescreen.store"):
+        with DiskStore(directory, cooldown=0) as store:
+            correct_or_miss(store, range(12))
+            lookups_are_correct(store, range(12, 16))
+            entry = entry_of(99)
+            store.put(entry)
+            assert store.get(entry.key) is not None
+            correct_or_miss(store, range(16))
+
+
+def _open_corrupt_and_put(directory: str, seed: int, barrier: object) -> None:
+    barrier.wait()
+    with DiskStore(directory) as store:
+        assert store.put(entry_of(seed))
+
+
+def test_concurrent_recovery_keeps_every_process_entry(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    fill(directory, range(2))
+    (directory / "cache.db").write_bytes(os.urandom(16384))
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(4)
+    procs = [ctx.Process(target=_open_corrupt_and_put, args=(str(directory), 100 + i, barrier)) for i in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * 4
+    with DiskStore(directory) as store:
+        assert correct_or_miss(store, range(100, 104)) == 4  # no process moved a fresh database aside
+    assert len(list(directory.glob("cache.db.corrupt-*"))) == 1
+
+
+# -- locked -------------------------------------------------------------------
+
+
+def test_writer_lock_held_by_another_process(tmp_path: Path, caplog) -> None:
+    directory = tmp_path / "cache"
+    fill(directory, range(3))
+    store = DiskStore(directory, cooldown=0)
+    holder = sqlite3.connect(directory / "cache.db", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with caplog.at_level(logging.WARNING, logger="prescreen.store"):
+            assert run_guarded(lambda: correct_or_miss(store, range(3))) == 3  # WAL readers still read
+            assert run_guarded(lambda: store.put(entry_of(50))) is False
+            run_guarded(lambda: lookups_are_correct(store, range(50, 53)))
+        messages = warnings_of(caplog)
+        assert len(messages) == 1 and "locked" in messages[0]
+        assert not store.stats().healthy
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert store.put(entry_of(51)) and store.get(entry_of(51).key) is not None
+    store.close()
+
+
+def test_database_locked_exclusively_before_open(tmp_path: Path, caplog) -> None:
+    directory = tmp_path / "cache"
+    fill(directory, range(2))
+    holder = sqlite3.connect(directory / "cache.db", isolation_level=None)
+    holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+    holder.execute("BEGIN EXCLUSIVE")
+    holder.execute("UPDATE Settings SET value = value WHERE key = 'count'")
+    try:
+        with caplog.at_level(logging.WARNING, logger="prescreen.store"):
+            store = run_guarded(lambda: DiskStore(directory, cooldown=0))
+            assert run_guarded(lambda: store.get(entry_of(0).key)) is None
+            assert run_guarded(lambda: store.put(entry_of(60))) is False
+            run_guarded(lambda: lookups_are_correct(store, range(2)))
+        messages = warnings_of(caplog)
+        assert len(messages) == 1 and "locked" in messages[0]
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+    assert store.get(entry_of(0).key) is not None  # reopened once the lock was gone
+    assert store.put(entry_of(60))
+    store.close()
+
+
+# -- read-only, unopenable, full -------------------------------------------------
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """Mount tmpfs filesystems of a given size (root only); skip where mounting is not permitted."""
+    mounts: list[Path] = []
+
+    def mount(size: str) -> Path:
+        point = tmp_path / f"mnt{len(mounts)}"
+        point.mkdir()
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)], capture_output=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.decode().strip() or 'mount failed'})")
+        mounts.append(point)
+        return point
+
+    yield mount
+    for point in mounts:
+        subprocess.run(["umount", "-l", str(point)], check=False)
+
+
+def make_read_only(point: Path) -> None:
+    """Remount ``point`` read-only (as a deployment image's filesystem is)."""
+    subprocess.run(["mount", "-o", "remount,ro", str(point)], check=True)
+    with pytest.raises(OSError):
+        (point / "probe").write_text("x")
+
+
+def test_read_only_image_serves_reads(tmpfs: Callable[[str], Path], caplog) -> None:
+    point = tmpfs("8m")
+    fill(point / "cache", range(6), min_file_size=6000)
+    make_read_only(point)
+    with caplog.at_level(logging.WARNING, logger="prescreen.store"):
+        with DiskStore(point / "cache") as store:
+            assert correct_or_miss(store, range(6)) == 6
+            assert store.put(entry_of(70)) is False
+            lookups_are_correct(store, range(4, 10))
+            assert len(list(store.entries())) == 6
+            stats = store.stats()
+    assert not stats.healthy and "read-only" in stats.detail
+    messages = warnings_of(caplog)
+    assert len(messages) == 1 and "read-only" in messages[0]
+
+
+def test_read_only_filesystem_without_a_cache(tmpfs: Callable[[str], Path], caplog) -> None:
+    point = tmpfs("1m")
+    make_read_only(point)
+    with caplog.at_level(logging.WARNING, logger="prescreen.store"):
+        with DiskStore(point / "cache", cooldown=0) as store:
+            lookups_are_correct(store, range(3))
+            assert store.put(entry_of(0)) is False and not store.stats().healthy
+    assert len(warnings_of(caplog)) == 1
+
+
+def test_directory_that_cannot_be_created_is_a_noop(tmp_path: Path, caplog) -> None:
+    (tmp_path / "a-file").write_text("x")
+    with caplog.at_level(logging.WARNING, logger="prescreen.store"):
+        with DiskStore(tmp_path / "a-file" / "cache", cooldown=0) as store:
+            for _ in range(3):
+                lookups_are_correct(store, range(2))
+                assert store.put(entry_of(0)) is False
+            assert list(store.entries()) == [] and store.delete([entry_of(0).key]) == 0
+            stats = store.stats()
+    assert not stats.healthy and stats.entries == 0 and "unavailable" in stats.detail
+    messages = warnings_of(caplog)
+    assert len(messages) == 1 and "cannot be opened" in messages[0]
+
+
+def test_full_filesystem(tmpfs: Callable[[str], Path], caplog) -> None:
+    point = tmpfs("512k")
+    with caplog.at_level(logging.WARNING, logger="prescreen.store"):
+        with DiskStore(point / "cache", cooldown=0) as store:
+            results = [store.put(entry_of(seed)) for seed in range(120)]
+            assert True in results and False in results  # it filled up
+            hits = correct_or_miss(store, range(120))
+            lookups_are_correct(store, range(120, 125))
+    assert 0 < hits < 120
+    assert any("full" in m for m in warnings_of(caplog))
+
+
+def test_tiny_size_limit(tmp_path: Path) -> None:
+    with DiskStore(tmp_path / "cache", size_limit=1) as store:
+        for seed in range(40):
+            store.put(entry_of(seed))
+        lookups_are_correct(store, range(40))
+        correct_or_miss(store, range(40))
+        assert len(store.keys()) <= 10
+        assert store.stats().size_bytes < 256 * 1024

@@ -1,0 +1,205 @@
+"""RedisStore and TieredStore against a real redis-server on loopback (skipped without one)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import logging
+import multiprocessing
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from test_store_support import BUDGET, make_entry, make_plan, warnings_of
+
+from prescreen.decision import decide
+from prescreen.service import COUNTERS, lookup_or_decide
+from prescreen.store import DiskStore, RedisStore, TieredStore
+from prescreen.store.redis_store import redact_url
+
+pytestmark = pytest.mark.redis
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.skip("redis-server is not on PATH (apt-get install redis-server); Redis tests skipped")
+    port = free_port()
+    workdir = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.2)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.skip(f"redis-server did not start on port {port}")
+            time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture
+def client(redis_url: str) -> redis.Redis:
+    c = redis.Redis.from_url(redis_url)
+    c.flushdb()
+    return c
+
+
+@pytest.fixture
+def store(redis_url: str, client: redis.Redis) -> Iterator[RedisStore]:
+    with RedisStore(redis_url) as s:
+        yield s
+
+
+def test_round_trip_layout_and_hits(store: RedisStore, client: redis.Redis) -> None:
+    entry = make_entry(1)
+    assert store.get(entry.key) is None
+    assert store.put(entry)
+    assert [store.get(entry.key).hits for _ in range(3)] == [1, 2, 3]
+    text = client.get(f"prescreen:v1:{{{entry.key}}}")
+    assert json.loads(text)["key"] == entry.key and json.loads(text)["hits"] == 0  # never rewritten
+    assert int(client.get(f"prescreen:v1:{{{entry.key}}}:hits")) == 3
+    assert store.get(entry.key).decision == decide(make_plan(1), BUDGET)
+    store._use_script = False  # where scripting is refused: GET + INCR
+    assert store.get(entry.key).hits == 5
+    assert (store.hits, store.misses) == (5, 1)
+
+
+def test_first_writer_wins_under_threads(store: RedisStore) -> None:
+    entry = make_entry(2)
+    rivals = [dataclasses.replace(entry, pid=entry.pid + i) for i in range(16)]
+    barrier = threading.Barrier(len(rivals))
+
+    def put(e: object) -> bool:
+        barrier.wait()
+        return store.put(e)
+
+    with concurrent.futures.ThreadPoolExecutor(len(rivals)) as pool:
+        outcomes = list(pool.map(put, rivals))
+    assert outcomes.count(True) == 1
+    assert store.get(entry.key).pid == rivals[outcomes.index(True)].pid
+
+
+@pytest.mark.parametrize("raw", [b"\x80\x04\x95pickle", b"{not json", b"7"])
+def test_invalid_value_is_a_miss_and_replaced(store: RedisStore, client: redis.Redis, raw: bytes, caplog) -> None:
+    plan, entry = make_plan(3), make_entry(3)
+    client.set(store.entry_key(entry.key), raw)
+    with caplog.at_level(logging.WARNING, logger="prescreen.store"):
+        assert store.get(entry.key) is None
+        outcome = lookup_or_decide(plan, BUDGET, store)
+    assert not outcome.hit and outcome.decision == decide(plan, BUDGET)
+    assert len(warnings_of(caplog)) == 1
+    assert store.get(entry.key).decision == decide(plan, BUDGET)
+
+
+def test_entries_delete_clear_and_stats(store: RedisStore, client: redis.Redis) -> None:
+    entries = [make_entry(seed) for seed in range(10, 15)]
+    for entry in entries:
+        store.put(entry)
+    client.set(store.entry_key("e" * 64), b"garbage")
+    client.set("someone-else:key", b"keep me")
+    assert sorted(e.key for e in store.entries()) == sorted(e.key for e in entries)
+    stats = store.stats()
+    assert (stats.backend, stats.entries, stats.healthy) == ("redis", 6, True)
+    assert store.delete([entries[0].key, "f" * 64]) == 1
+    assert store.clear_all() == 5
+    assert store.keys() == [] and client.get("someone-else:key") == b"keep me"
+
+
+def _decide_in_a_fresh_process(url: str, local_dir: str) -> dict[str, object]:
+    with TieredStore(DiskStore(local_dir), RedisStore(url)) as store:
+        outcome = lookup_or_decide(make_plan(77), BUDGET, store)
+    return {
+        "hit": outcome.hit,
+        "estimator_calls": COUNTERS.estimator_calls,
+        "stored": COUNTERS.stored,
+        "decision": outcome.decision,
+    }
+
+
+def test_two_processes_share_a_decision(redis_url: str, client: redis.Redis, tmp_path: Path) -> None:
+    spawn = multiprocessing.get_context("spawn")
+    results = []
+    for name in ("a", "b"):  # one fresh interpreter each, each with its own empty local cache
+        with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as pool:
+            results.append(pool.submit(_decide_in_a_fresh_process, redis_url, str(tmp_path / name)).result(300))
+    a, b = results
+    assert (a["hit"], a["estimator_calls"], a["stored"]) == (False, 1, 1)
+    assert (b["hit"], b["estimator_calls"], b["stored"]) == (True, 0, 0)
+    assert a["decision"] == b["decision"] == decide(make_plan(77), BUDGET)
+    with DiskStore(tmp_path / "b") as local_b:  # B's local tier was filled from Redis
+        assert local_b.get(make_entry(77).key) is not None
+
+
+def test_tiered_read_through_and_write_both(redis_url: str, client: redis.Redis, tmp_path: Path) -> None:
+    remote = RedisStore(redis_url)
+    entry, other = make_entry(20), make_entry(21)
+    remote.put(entry)
+    with TieredStore(DiskStore(tmp_path / "local"), remote) as tiered:
+        assert tiered.get(entry.key) is not None
+        assert tiered.local.get(entry.key) is not None
+        assert tiered.put(other)
+        assert tiered.local.get(other.key) is not None and remote.get(other.key) is not None
+        assert tiered.stats().entries == 2 and tiered.stats().healthy
+        assert tiered.delete([entry.key]) == 1
+        assert tiered.get(entry.key) is None
+
+
+class _NoNetwork:
+    """Stands in for the redis client during the cooldown: any use fails the test."""
+
+    def __getattr__(self, name: str) -> object:
+        raise AssertionError(f"Redis was contacted during the cooldown ({name})")
+
+    def close(self) -> None:
+        """Closing the pool sends nothing."""
+
+
+def test_redis_down(tmp_path: Path, caplog) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    with caplog.at_level(logging.WARNING, logger="prescreen.store"):
+        remote = RedisStore(url, cooldown=30)
+        entry = make_entry(30)
+        assert remote.get(entry.key) is None
+        remote._client = _NoNetwork()  # within the cooldown nothing may touch the network
+        remote._script = _NoNetwork()
+        assert remote.put(entry) is False
+        assert remote.get(entry.key) is None and list(remote.entries()) == []
+        with TieredStore(DiskStore(tmp_path / "local"), remote) as tiered:
+            plan = make_plan(31)
+            first = lookup_or_decide(plan, BUDGET, tiered)
+            second = lookup_or_decide(plan, BUDGET, tiered)
+    assert (first.hit, second.hit) == (False, True)  # the local tier carried on
+    assert first.decision == second.decision == decide(plan, BUDGET)
+    messages = warnings_of(caplog)
+    assert len(messages) == 1 and "unreachable" in messages[0]
+
+
+def test_password_is_redacted() -> None:
+    assert redact_url("redis://user:s3cret@cache.internal:6380/2") == "redis://user:***@cache.internal:6380/2"
+    assert redact_url("rediss://:s3cret@h/0") == "rediss://:***@h/0"
+    assert redact_url("redis://h:1/0") == "redis://h:1/0"
+    assert "s3cret" not in RedisStore("redis://:s3cret@127.0.0.1:1/0").location
