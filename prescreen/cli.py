@@ -33,8 +33,11 @@ class Ctx:
         self.cache_dir, self.redis_url = cache_dir, redis_url
         self._store: Store | None = None
 
-    def store(self) -> Store:
-        """Open the configured store, or exit 2 naming why it is unreachable."""
+    def store(self, writable: bool = True) -> Store:
+        """Open the configured store, or exit 2 naming why it is unreachable.
+
+        Reading commands accept a read-only store (a cache baked into an image).
+        """
         if self._store is None:
             from prescreen.store import open_store
 
@@ -43,7 +46,8 @@ class Ctx:
             except ConfigError as exc:
                 fail(str(exc))
             health = store.stats()
-            if not health.healthy:
+            readable = health.entries > 0 or "read-only" in (health.detail or "")
+            if not health.healthy and (writable or not readable):
                 fail(f"store unreachable: {health.backend} at {health.location}: {health.detail or 'not usable'}")
             self._store = store
         return self._store
@@ -111,14 +115,16 @@ def _decisions(report: Any) -> Table:
 @click.option("--device-kind", default=None, help="Device kind the --plans decisions are for (npu, cuda, cpu).")
 @click.option("--mode", default="max-autotune", show_default=True, help="torch.compile mode.")
 @click.option("--points", default=2, show_default=True, type=click.IntRange(1, 16), help="Sizes compiled per family.")
+@click.option("--inductor-config", "inductor_config", multiple=True, metavar="KEY=VALUE",
+              help="torch._inductor.config setting for the compiles, e.g. freezing=True.")
 @click.option("--dry-run", is_flag=True, help="Estimate and report without storing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def warm(obj: Ctx, target: str | None, shapes: tuple[str, ...], spec: str | None, plans: str | None,
          device_memory: int | None, ratio: str | None, device: str, device_kind: str | None, mode: str,
-         points: int, dry_run: bool, as_json: bool) -> None:
+         points: int, inductor_config: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
     """Compile TARGET (module:callable or file.py:callable) over shape families and fill the store."""
-    from prescreen.target import load_spec, parse_shape
+    from prescreen.target import load_spec, parse_inductor_config, parse_shape
     from prescreen.warm import load_plans, warm_model, warm_plans
 
     settings: dict[str, Any] = _run(lambda: load_spec(spec)) if spec else {}
@@ -126,6 +132,7 @@ def warm(obj: Ctx, target: str | None, shapes: tuple[str, ...], spec: str | None
     families = tuple(_run(lambda: [parse_shape(s) for s in shapes])) or settings.get("shapes", ())
     if device_memory is None and settings.get("device_memory") is not None:
         device_memory = _run(lambda: parse_memory(settings["device_memory"]))
+    overrides = _run(lambda: parse_inductor_config(list(inductor_config) + list(settings.get("inductor_config", []))))
     ratio_value = _run(lambda: resolve_ratio(ratio if ratio is not None else settings.get("ratio")))
     store = obj.store()
     with _progress() as progress:
@@ -146,7 +153,7 @@ def warm(obj: Ctx, target: str | None, shapes: tuple[str, ...], spec: str | None
                 fail("missing TARGET (module:callable or file.py:callable), --spec or --plans")
             report = _run(lambda: warm_model(
                 target, families, store, device=device, device_memory=device_memory, ratio=ratio_value,
-                mode=settings.get("mode", mode), points=int(settings.get("points", points)), dry_run=dry_run,
+                mode=settings.get("mode", mode), points=int(settings.get("points", points)), dry_run=dry_run, inductor_config=overrides,
                 progress=tick))
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
@@ -199,7 +206,7 @@ def _one(store: Store, key: str) -> Entry:
 def inspect(obj: Ctx, key: str | None, decision: str | None, device: str | None, kernel: str | None,
             as_json: bool) -> None:
     """List stored decisions, or show the entry KEY (a prefix is enough) in full."""
-    store = obj.store()
+    store = obj.store(writable=False)
     if key:
         entry = _one(store, key)
         if as_json:
@@ -255,20 +262,19 @@ def inspect(obj: Ctx, key: str | None, decision: str | None, device: str | None,
 def clear(obj: Ctx, everything: bool, key: str | None, kernel: str | None, device: str | None,
           older_than: str | None, yes: bool) -> None:
     """Remove stored decisions: all, or by key prefix, kernel, device or age."""
-    from prescreen.store.selection import select
+    from prescreen.store.clear import build_predicate
 
-    if not (everything or key or kernel or device or older_than):
-        fail("say what to clear: --all, --key, --kernel, --device or --older-than")
-    predicate = _run(lambda: select(key_prefix=key, kernel=kernel, device=device, older_than=older_than))
+    predicate = _run(lambda: build_predicate(everything=everything, key_prefix=key, kernel=kernel, device=device,
+                                             older_than=older_than))
     store = obj.store()
-    doomed = [e for e in store.entries() if everything or predicate(e)]
+    doomed = [e for e in store.entries() if predicate(e)]
     if not doomed:
         console.print("nothing to remove")
         return
     if not yes and not click.confirm(f"Remove {len(doomed)} entries from {store.location}?", default=False):
         console.print("aborted; nothing removed")
         return
-    removed = store.delete([e.key for e in doomed])
+    removed = store.clear_all() if everything else store.delete([e.key for e in doomed])
     for e in doomed:
         console.print(f"removed {e.key[:12]} {e.kernel} ({e.decision.action})", highlight=False)
     console.print(f"{removed} entries removed")
@@ -278,7 +284,7 @@ def clear(obj: Ctx, everything: bool, key: str | None, kernel: str | None, devic
 @click.pass_obj
 def stats(obj: Ctx) -> None:
     """Entries, size on disk, hit rate, location and backend of the store."""
-    s = obj.store().stats()
+    s = obj.store(writable=False).stats()
     lookups = s.hits + s.misses
     table = Table(show_header=False, title="prescreen store")
     for field, value in (
@@ -299,7 +305,7 @@ def export_cmd(obj: Ctx, path: str) -> None:
     """Write every stored decision to a versioned JSON bundle."""
     from prescreen.store.bundle import export_bundle
 
-    count = _run(lambda: export_bundle(obj.store(), path))
+    count = _run(lambda: export_bundle(obj.store(writable=False), path))
     console.print(f"exported {count} entries to {path}")
 
 

@@ -1,0 +1,142 @@
+"""The torch_npu grouped-autotune guard against torch_npu's own method, run from the real wheel.
+
+The upstream methods ``_disable_grouped_autotune`` and
+``_disable_grouped_autotune_if_benchmark_too_large`` are taken from the wheel's
+``codegen/triton.py`` (by ``ast``), executed with the wheel's own
+``symbolic_grouping`` module, and compared with the same class after
+``hooks.npu.patch_class``: for every generated ``inductor_meta`` the hooked
+kernel must leave exactly the meta upstream leaves.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import logging
+import textwrap
+import types
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from hooks import npu, state
+from prescreen.service import COUNTERS
+from prescreen.store import DiskStore
+import npu_wheel
+from strategies import plan_payloads, upstream_meta
+
+TOTAL = 64 * 2**20
+_MEMORY = {"total": TOTAL}  # what the stubbed torch.npu reports to the upstream method
+RATIO = 0.25
+
+
+@pytest.fixture(scope="module")
+def upstream_kernel_cls() -> type:
+    if npu_wheel.npu_wheel_path() is None:
+        pytest.skip(npu_wheel.unavailable_reason())
+    grouping = npu_wheel.load_upstream_symbolic_grouping()
+    tree = ast.parse(npu_wheel.upstream_source(npu_wheel.CODEGEN_TRITON))
+    cls_node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == npu.NPU_CLASS)
+    wanted = {npu.GUARD_METHOD, npu.DISABLE_METHOD}
+    fake_torch = types.SimpleNamespace(
+        npu=types.SimpleNamespace(get_device_properties=lambda _d: types.SimpleNamespace(total_memory=_MEMORY["total"]))
+    )
+    namespace: dict[str, object] = {
+        "build_group_representatives": grouping.build_group_representatives,
+        "estimate_grouped_benchmark_footprint": grouping.estimate_grouped_benchmark_footprint,
+        "UnsupportedGroupedPlan": grouping.UnsupportedGroupedPlan,
+        "torch": fake_torch,
+        "npu_config": types.SimpleNamespace(symbolic_group_max_benchmark_memory_ratio=RATIO),
+        "log": logging.getLogger("upstream"),
+    }
+    body = {}
+    source = npu_wheel.upstream_source(npu_wheel.CODEGEN_TRITON)
+    for fn in cls_node.body:
+        if isinstance(fn, ast.FunctionDef) and fn.name in wanted:
+            exec(textwrap.dedent(ast.get_source_segment(source, fn, padded=True)), namespace)  # noqa: S102
+            body[fn.name] = namespace[fn.name]
+    assert set(body) == wanted, f"upstream class lacks {wanted - set(body)}"
+    return type("UpstreamKernel", (), body)
+
+
+@pytest.fixture()
+def hooked(upstream_kernel_cls: type, tmp_path):
+    store = DiskStore(tmp_path / "store")
+    state.reset()
+    state.configure(store=store, device_memory=TOTAL, ratio=RATIO)
+    cls = type("HookedKernel", (upstream_kernel_cls,), {})
+    npu.patch_class(cls)
+    yield cls, store
+    state.reset()
+
+
+def _meta(payload: dict[str, object]) -> dict[str, object]:
+    meta = copy.deepcopy(payload)
+    meta.update(group_enabled=True, group_template="pointwise", group_workload=None, primary_group_axis="x0",
+                static_split_axes=(), secondary_runtime_symbolic_axes=())
+    return meta
+
+
+def _both(upstream_cls: type, hooked_cls: type, payload: dict[str, object]) -> tuple[dict, dict]:
+    theirs, ours = _meta(payload), _meta(payload)
+    upstream_cls()._disable_grouped_autotune_if_benchmark_too_large(theirs, "npu:0")
+    hooked_cls()._disable_grouped_autotune_if_benchmark_too_large(ours, "npu:0")
+    return theirs, ours
+
+
+def test_upstream_example_meta_matches(upstream_kernel_cls, hooked) -> None:
+    cls, _ = hooked
+    try:
+        for memory, tuned in ((2240, True), (2239, False)):  # 560 bytes needed: int(2240 * 0.25) == 560
+            _MEMORY["total"] = memory
+            state.configure(device_memory=memory)
+            theirs, ours = _both(upstream_kernel_cls, cls, upstream_meta())
+            assert theirs == ours
+            assert ours["group_enabled"] is tuned
+    finally:
+        _MEMORY["total"] = TOTAL
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(payload=plan_payloads(fail_closed=True, max_groups=64, extra_keys=True))
+def test_hooked_meta_equals_upstream_meta_and_reuses_store(upstream_kernel_cls, hooked, payload) -> None:
+    cls, _store = hooked
+    theirs, ours = _both(upstream_kernel_cls, cls, payload)
+    assert ours == theirs
+    calls = COUNTERS.estimator_calls
+    again = _meta(payload)
+    cls()._disable_grouped_autotune_if_benchmark_too_large(again, "npu:0")
+    assert again == theirs
+    assert COUNTERS.estimator_calls == calls, "second lookup of the same plan must be a store hit"
+
+
+def test_disabled_group_is_left_alone(upstream_kernel_cls, hooked) -> None:
+    cls, _ = hooked
+    meta = _meta(upstream_meta())
+    meta["group_enabled"] = False
+    before = dict(meta)
+    cls()._disable_grouped_autotune_if_benchmark_too_large(meta, "npu:0")
+    assert meta == before
+
+
+def test_hook_error_defers_to_upstream(upstream_kernel_cls, hooked, monkeypatch) -> None:
+    cls, _ = hooked
+
+    def boom(*_a, **_k):
+        raise RuntimeError("store exploded")
+
+    monkeypatch.setattr(npu, "lookup_or_decide", boom)
+    state.configure(device_memory=1024)  # we would fall back; upstream (64 MiB) tunes, and upstream must decide
+    theirs, ours = _both(upstream_kernel_cls, cls, upstream_meta())
+    assert ours == theirs and ours["group_enabled"] is True
+
+
+def test_patch_is_idempotent_and_reversible(upstream_kernel_cls) -> None:
+    cls = type("K", (upstream_kernel_cls,), {})
+    original = cls._disable_grouped_autotune_if_benchmark_too_large
+    npu.patch_class(cls)
+    npu.patch_class(cls)
+    wrapped = cls._disable_grouped_autotune_if_benchmark_too_large
+    assert wrapped is not original and getattr(wrapped, "_prescreen_original_guard") is original
+    npu.unpatch_class(cls)
+    assert cls._disable_grouped_autotune_if_benchmark_too_large is original
