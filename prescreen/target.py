@@ -137,3 +137,32 @@ def build(fn: Callable[..., Any], sizes: Mapping[str, int], device: str) -> tupl
     return model, inputs
 
 
+
+
+def parse_inductor_config(items: list[str]) -> dict[str, Any]:
+    """``["freezing=True", "max_autotune_gemm_backends=ATEN"]`` -> checked Inductor config overrides."""
+    from torch._inductor import config
+
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise ConfigError(f"invalid inductor config {item!r} (expected KEY=VALUE, e.g. freezing=True)")
+        try:
+            current = getattr(config, name)
+        except AttributeError:
+            raise ConfigError(f"invalid inductor config {item!r}: torch._inductor.config has no {name!r}") from None
+        raw = raw.strip()
+        if isinstance(current, bool):
+            if raw.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise ConfigError(f"invalid inductor config {item!r}: {name} takes a boolean")
+            out[name] = raw.lower() in ("1", "true", "yes", "on")
+        elif isinstance(current, int):
+            try:
+                out[name] = int(raw)
+            except ValueError:
+                raise ConfigError(f"invalid inductor config {item!r}: {name} takes an integer") from None
+        else:
+            out[name] = raw
+    return out

@@ -130,10 +130,12 @@ def warm_model(
     mode: str = "max-autotune",
     points: int = 2,
     dry_run: bool = False,
+    inductor_config: Mapping[str, Any] | None = None,
     progress: Callable[[int, int, dict[str, int]], None] | None = None,
 ) -> WarmReport:
     """Compile ``target`` once per shape point (fresh each time) with the hooks on."""
     import torch
+    from torch._inductor import config as inductor_settings
 
     from hooks import activation, state
 
@@ -146,20 +148,21 @@ def warm_model(
     was_active = activation.is_installed()
     activation.install(store=used, device_memory=device_memory, ratio=ratio)
     try:
-        for i, sizes in enumerate(grid):
-            if progress:
-                progress(i, len(grid), sizes)
-            model, inputs = build(fn, sizes, device)
-            observer = _observer(report, sizes)
-            OBSERVERS.append(observer)
-            try:
-                torch._dynamo.reset()
-                compiled = torch.compile(model, dynamic=True, mode=mode)
-                with torch.no_grad():
-                    compiled(*inputs)
-                report.compiles += 1
-            finally:
-                OBSERVERS.remove(observer)
+        with inductor_settings.patch(dict(inductor_config or {})):
+            for i, sizes in enumerate(grid):
+                if progress:
+                    progress(i, len(grid), sizes)
+                model, inputs = build(fn, sizes, device)
+                observer = _observer(report, sizes)
+                OBSERVERS.append(observer)
+                try:
+                    torch._dynamo.reset()
+                    compiled = torch.compile(model, dynamic=True, mode=mode)
+                    with torch.no_grad():
+                        compiled(*inputs)
+                    report.compiles += 1
+                finally:
+                    OBSERVERS.remove(observer)
         if progress:
             progress(len(grid), len(grid), {})
     finally:

@@ -16,14 +16,14 @@ import logging
 import textwrap
 import types
 
+import npu_wheel
 import pytest
 from hypothesis import HealthCheck, given, settings
+from strategies import plan_payloads, upstream_meta
 
 from hooks import npu, state
 from prescreen.service import COUNTERS
 from prescreen.store import DiskStore
-import npu_wheel
-from strategies import plan_payloads, upstream_meta
 
 TOTAL = 64 * 2**20
 _MEMORY = {"total": TOTAL}  # what the stubbed torch.npu reports to the upstream method
@@ -137,6 +137,6 @@ def test_patch_is_idempotent_and_reversible(upstream_kernel_cls) -> None:
     npu.patch_class(cls)
     npu.patch_class(cls)
     wrapped = cls._disable_grouped_autotune_if_benchmark_too_large
-    assert wrapped is not original and getattr(wrapped, "_prescreen_original_guard") is original
+    assert wrapped is not original and wrapped._prescreen_original_guard is original
     npu.unpatch_class(cls)
     assert cls._disable_grouped_autotune_if_benchmark_too_large is original
