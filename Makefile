@@ -14,7 +14,7 @@ test: install
 
 demo: install
 	PRESCREEN_CACHE_DIR=$${PRESCREEN_CACHE_DIR:-.prescreen-demo} prescreen warm examples/tiny_models.py:mlp \
-		--shape batch=1..4096 --device-memory 64GiB
+		--shape batch=1..4096 --device-memory 64GiB --inductor-config freezing=True
 	PRESCREEN_CACHE_DIR=$${PRESCREEN_CACHE_DIR:-.prescreen-demo} prescreen inspect
 
 bench: install

@@ -91,18 +91,19 @@ def expr_from_payload(payload: object) -> Expr:
 
 def expr_to_payload(expr: Expr) -> dict[str, object]:
     """The JSON payload form of ``expr`` (inverse of ``expr_from_payload``)."""
-    if isinstance(expr, Const):
-        return {"const": expr.value}
-    if isinstance(expr, Axis):
-        return {"axis_name": expr.name}
-    if isinstance(expr, RuntimeArg):
-        return {"runtime_arg_index": expr.index}
-    if isinstance(expr, Mul):
-        return {"mul": [expr_to_payload(e) for e in expr.operands]}
-    if isinstance(expr, Add):
-        return {"add": [expr_to_payload(e) for e in expr.operands]}
-    if isinstance(expr, FloorDiv):
-        return {"floordiv": [expr_to_payload(expr.numerator), expr_to_payload(expr.denominator)]}
+    kind = type(expr)
+    if kind is Const:
+        return {"const": expr.value}  # type: ignore[union-attr]
+    if kind is Axis:
+        return {"axis_name": expr.name}  # type: ignore[union-attr]
+    if kind is Mul:
+        return {"mul": [expr_to_payload(e) for e in expr.operands]}  # type: ignore[union-attr]
+    if kind is Add:
+        return {"add": [expr_to_payload(e) for e in expr.operands]}  # type: ignore[union-attr]
+    if kind is RuntimeArg:
+        return {"runtime_arg_index": expr.index}  # type: ignore[union-attr]
+    if kind is FloorDiv:
+        return {"floordiv": [expr_to_payload(expr.numerator), expr_to_payload(expr.denominator)]}  # type: ignore[union-attr]
     raise NotBounded(Reason.UNKNOWN_EXPR, f"unsupported expression node {expr!r}")
 
 

@@ -50,6 +50,13 @@ class KeyParts:
         return hashlib.sha256(canonical_json(self.to_payload()).encode()).hexdigest()
 
 
+_FAMILY_FIELDS = ("group_features", "axis_names", "axis_static_values")
+
+
+def _sha(value: object) -> str:
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()
+
+
 def family_payload(plan: KernelPlan) -> dict[str, object]:
     """What defines a plan's shape families: features, axes and static axis values.
 
@@ -57,19 +64,20 @@ def family_payload(plan: KernelPlan) -> dict[str, object]:
     version), so hashing it identifies them without enumerating every group.
     """
     payload = plan.canonical_payload()
-    return {k: payload[k] for k in ("group_features", "axis_names", "axis_static_values")}
+    return {k: payload[k] for k in _FAMILY_FIELDS}
 
 
 def family_hash(plan: KernelPlan) -> str:
     """sha256 of the shape-family definition."""
-    return hashlib.sha256(canonical_json(family_payload(plan)).encode()).hexdigest()
+    return _sha(family_payload(plan))
 
 
 def build_key(plan: KernelPlan, budget: Budget) -> tuple[str, KeyParts]:
     """The store key for deciding ``plan`` under ``budget``, and its parts."""
+    canonical = plan.canonical_payload()  # one encoding serves both hashes
     parts = KeyParts(
-        plan_hash=plan.plan_hash(),
-        family_hash=family_hash(plan),
+        plan_hash=_sha(canonical),
+        family_hash=_sha({k: canonical[k] for k in _FAMILY_FIELDS}),
         device_kind=budget.device_kind,
         total_memory=budget.total_memory,
         ratio=budget.ratio,

@@ -11,6 +11,7 @@ from prescreen.decision import Decision, decide_with, try_representatives
 from prescreen.errors import NotBounded
 from prescreen.key import build_key
 from prescreen.plan import KernelPlan
+from prescreen.representatives import Representatives
 from prescreen.store.base import Store
 from prescreen.store.entry import Entry
 
@@ -70,7 +71,7 @@ def lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, *, w
         COUNTERS.estimator_calls += 1
     reps = try_representatives(plan)
     decision = decide_with(plan, reps, budget)
-    family = None if isinstance(reps, NotBounded) else reps.to_payload()
+    family = None if isinstance(reps, NotBounded) else family_summary(reps)
     entry = Entry.new(key, parts, plan, family, decision)
     if store is not None and write and store.put(entry):
         with _lock:
@@ -78,6 +79,15 @@ def lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, *, w
     with _lock:
         COUNTERS.count(decision)
     return _observed(Outcome(key, decision, False, entry), plan)
+
+
+def family_summary(reps: Representatives) -> dict[str, object]:
+    """What an entry keeps of the shape family; the full representatives follow from its plan."""
+    return {
+        "group_count": reps.group_count,
+        "reachable": len(reps.groups),
+        "unreachable_group_ids": list(reps.unreachable_group_ids),
+    }
 
 
 def _observed(outcome: Outcome, plan: KernelPlan) -> Outcome:

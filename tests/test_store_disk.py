@@ -63,11 +63,27 @@ def test_hits_are_counted_beside_the_entry(store: DiskStore) -> None:
     store.put(entry)
     text_before = raw_cache(store.directory).get(entry.key)
     assert [store.get(entry.key).hits for _ in range(3)] == [1, 2, 3]
+    store.flush_hits()  # counts are batched; close, stats, entries and exit flush them too
     raw = raw_cache(store.directory)
     assert raw.get(entry.key) == text_before  # the entry text is never rewritten on a hit
     assert json.loads(text_before)["hits"] == 0
     assert raw.get(HITS_PREFIX + entry.key) == 3
     assert [e.hits for e in store.entries()] == [3]
+    assert store.get(entry.key).hits == 4
+
+
+def test_hit_counts_survive_the_process(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    first = DiskStore(tmp_path / "c")
+    entry = make_entry(5)
+    first.put(entry)
+    first.close()
+    code = ("import sys; from prescreen.store import DiskStore; s = DiskStore(sys.argv[1]); "
+            "[s.get(sys.argv[2]) for _ in range(5)]")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "c"), entry.key], check=True, timeout=120)
+    assert [e.hits for e in DiskStore(tmp_path / "c").entries()] == [5]
 
 
 def test_first_writer_wins(store: DiskStore) -> None:

@@ -74,13 +74,13 @@ def fill(directory: Path, seeds: range, **kw: object) -> None:
 
 def test_corrupt_database_is_moved_aside_and_file_entries_restored(tmp_path: Path, caplog) -> None:
     directory, neighbour = tmp_path / "cache", tmp_path / "neighbour"
-    fill(directory, range(6), min_file_size=6000)  # odd seeds are large: .val text files
+    fill(directory, range(6), min_file_size=4000)  # odd seeds are large: .val text files
     fill(neighbour, range(3))
     (directory / "notes.txt").write_text("not ours")
     with open(directory / "cache.db", "r+b") as db:
         db.write(os.urandom(8192))
     with caplog.at_level(logging.WARNING, logger="prescreen.store"):
-        store = DiskStore(directory, min_file_size=6000)
+        store = DiskStore(directory, min_file_size=4000)
         for seed in range(6):
             got = store.get(entry_of(seed).key)
             if seed % 2:
@@ -216,7 +216,7 @@ def make_read_only(point: Path) -> None:
 
 def test_read_only_image_serves_reads(tmpfs: Callable[[str], Path], caplog) -> None:
     point = tmpfs("8m")
-    fill(point / "cache", range(6), min_file_size=6000)
+    fill(point / "cache", range(6), min_file_size=4000)
     make_read_only(point)
     with caplog.at_level(logging.WARNING, logger="prescreen.store"):
         with DiskStore(point / "cache") as store:

@@ -17,11 +17,14 @@ Each kind of fault is warned about once; none raises.
 
 from __future__ import annotations
 
+import atexit
+import collections
 import math
 import os
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -43,6 +46,16 @@ DEFAULT_SIZE_LIMIT = 2**30
 DEFAULT_TIMEOUT = 0.5
 DEFAULT_COOLDOWN = 30.0
 HITS_PREFIX = "hits:"
+HIT_FLUSH_SECONDS = 2.0
+
+
+def _flush_at_exit(ref: "weakref.ReferenceType[DiskStore]") -> None:
+    store = ref()
+    if store is not None:
+        try:
+            store.flush_hits()
+        except Exception:  # pragma: no cover - never fail an interpreter exit
+            pass
 
 T = TypeVar("T")
 
@@ -114,6 +127,9 @@ class DiskStore(Store):
         self._writes_paused_until = 0.0
         self._healthy = False
         self._lock = threading.RLock()
+        self._pending_hits: collections.Counter[str] = collections.Counter()
+        self._hits_flushed_at = time.monotonic()
+        atexit.register(_flush_at_exit, weakref.ref(self))
         self._open()
 
     # -- opening and faults -------------------------------------------------
@@ -244,10 +260,38 @@ class DiskStore(Store):
             self.misses += 1
             return None
         self.hits += 1
-        hits = None
-        if self.count_hits and self._cache is not None:
-            hits = self._run(True, lambda c: c.incr(HITS_PREFIX + key), None)
-        return entry.with_hits(hits if type(hits) is int else self._stored_hits(key))
+        stored = self._stored_hits(key)
+        if not (self.count_hits and self._cache is not None):
+            return entry.with_hits(stored)
+        with self._lock:
+            self._pending_hits[key] += 1
+            pending = self._pending_hits[key]
+            due = time.monotonic() - self._hits_flushed_at >= HIT_FLUSH_SECONDS
+        if due:
+            self.flush_hits()
+        return entry.with_hits(stored + pending)
+
+    def flush_hits(self) -> None:
+        """Write the hit counts gathered since the last flush (one transaction).
+
+        Counting a hit in the database on every lookup would cost a commit per
+        lookup, several times the lookup itself; counts are statistics, so they
+        are batched and written every few seconds, on close and at exit.
+        """
+        with self._lock:
+            pending, self._pending_hits = self._pending_hits, collections.Counter()
+            self._hits_flushed_at = time.monotonic()
+        if not pending or self._cache is None:
+            return
+
+        def write(cache: FastOpenCache | ReadOnlyCache) -> None:
+            assert isinstance(cache, FastOpenCache)
+            with cache.transact():
+                for key, count in pending.items():
+                    if key in cache:
+                        cache.incr(HITS_PREFIX + key, count)
+
+        self._run(True, write, None)
 
     def put(self, entry: Entry) -> bool:
         text = entry.with_hits(0).to_json()
@@ -271,6 +315,7 @@ class DiskStore(Store):
         return self._run(False, lambda c: [k for k in c.iterkeys() if _is_entry_key(k)], [])
 
     def entries(self) -> Iterator[Entry]:
+        self.flush_hits()
         for key in self.keys():
             entry = self._decode(key, self._run(False, lambda c, k=key: c.get(k), None))
             if entry is not None:
@@ -298,6 +343,7 @@ class DiskStore(Store):
         return self._run(True, clear, 0)
 
     def stats(self) -> StoreStats:
+        self.flush_hits()
         count = len(self.keys())
         size = self._run(False, lambda c: c.volume(), None)
         if self._reader is not None:
@@ -321,6 +367,7 @@ class DiskStore(Store):
         self._cache = self._reader = None
 
     def close(self) -> None:
+        self.flush_hits()
         with self._lock:
             self._close_handles()
             self._open_again_at = math.inf

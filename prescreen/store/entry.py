@@ -120,10 +120,18 @@ class Entry:
             raise InvalidEntry(f"entry is stored under {expected_key[:12]} but carries key {key[:12]}")
         if decision.estimator_version != parts.estimator_version:
             raise InvalidEntry("decision and key disagree on the estimator version")
-        stored_plan = KernelPlan.from_payload(plan)
-        if stored_plan.plan_hash() != parts.plan_hash or family_hash(stored_plan) != parts.family_hash:
-            raise InvalidEntry("stored plan does not hash to the key's plan and family hashes")
-        check_decision(decision, parts, stored_plan)
+        if expected_key is None:
+            # A listing, an import or a bundle: re-derive the hashes from the stored plan.
+            stored_plan = KernelPlan.from_payload(plan)
+            if stored_plan.plan_hash() != parts.plan_hash or family_hash(stored_plan) != parts.family_hash:
+                raise InvalidEntry("stored plan does not hash to the key's plan and family hashes")
+            dynamic = stored_plan.is_dynamic
+        else:
+            # A lookup: the caller derived ``expected_key`` from its own plan, and the key is
+            # the digest of the parts, so the parts' hashes are the caller's plan's. The stored
+            # plan payload is informational here; re-hashing it would cost more than the lookup.
+            dynamic = _is_dynamic(plan)
+        check_decision(decision, parts, dynamic)
         return entry
 
     @staticmethod
@@ -140,7 +148,16 @@ class Entry:
             raise InvalidEntry(f"stored plan is invalid: {exc}") from None
 
 
-def check_decision(decision: Decision, parts: KeyParts, plan: KernelPlan) -> None:
+def _is_dynamic(plan: dict[str, object]) -> bool:
+    """``KernelPlan.is_dynamic`` read off a stored payload without parsing it."""
+    try:
+        static = {pair[0] for pair in plan.get("axis_static_values", [])}  # type: ignore[union-attr]
+        return any(name not in static for name in plan.get("axis_names", []))  # type: ignore[union-attr]
+    except (TypeError, IndexError, KeyError):
+        raise InvalidEntry("stored plan has malformed axes") from None
+
+
+def check_decision(decision: Decision, parts: KeyParts, dynamic: bool) -> None:
     """Check a stored decision against its key and plan; raises ``InvalidEntry``.
 
     ``Decision.from_payload`` checks the decision's own numbers; this catches a
@@ -153,5 +170,5 @@ def check_decision(decision: Decision, parts: KeyParts, plan: KernelPlan) -> Non
         parts.ratio,
     ):
         raise InvalidEntry("stored decision is for another device, memory size or ratio than its key")
-    if decision.enable_auto_blockify != ((not decision.tune) and plan.is_dynamic):
+    if decision.enable_auto_blockify != ((not decision.tune) and dynamic):
         raise InvalidEntry("stored decision's enable_auto_blockify does not match its action and plan")
