@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
@@ -41,16 +42,57 @@ class Ctx:
         if self._store is None:
             from prescreen.store import open_store
 
-            try:
-                store = open_store(cache_dir=self.cache_dir, redis_url=self.redis_url)
-            except ConfigError as exc:
-                fail(str(exc))
-            health = store.stats()
+            # Hold back the store's fault warnings while opening it: an unusable store is one
+            # error line naming the fault, not a warning line and then the error.
+            faults = _Faults()
+            with faults:
+                try:
+                    store = open_store(cache_dir=self.cache_dir, redis_url=self.redis_url)
+                except ConfigError as exc:
+                    fail(str(exc))
+                health = store.stats()
             readable = health.entries > 0 or "read-only" in (health.detail or "")
             if not health.healthy and (writable or not readable):
-                fail(f"store unreachable: {health.backend} at {health.location}: {health.detail or 'not usable'}")
+                why = faults.first() or health.detail or "not usable"
+                fail(f"store unreachable: {health.backend} at {health.location}: {why}")
+            faults.replay()
             self._store = store
         return self._store
+
+
+class _Faults(logging.Handler):
+    """Collects ``prescreen.store`` warnings for as long as it is entered."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+        self._log = logging.getLogger("prescreen.store")
+        self._propagate = True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def __enter__(self) -> _Faults:
+        self._propagate, self._log.propagate = self._log.propagate, False
+        self._log.addHandler(self)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._log.removeHandler(self)
+        self._log.propagate = self._propagate
+
+    def first(self) -> str | None:
+        """The first fault as ``what (cause)``, without the logger's store prefix."""
+        if not self.records:
+            return None
+        r = self.records[0]
+        if isinstance(r.args, tuple) and len(r.args) == 4:  # Store.warn_once: backend, location, what, exc
+            return f"{r.args[2]} ({r.args[3]})"
+        return r.getMessage()
+
+    def replay(self) -> None:
+        for r in self.records:
+            self._log.handle(r)
 
 
 def _run(fn: Callable[[], Any]) -> Any:
@@ -76,7 +118,7 @@ def _memory(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
     try:
         return parse_memory(value)
     except ConfigError as exc:
-        raise click.BadParameter(str(exc)) from None
+        fail(f"--device-memory: {exc}")
 
 
 def _progress() -> Progress:
