@@ -243,12 +243,25 @@ def _one(store: Store, key: str) -> Entry:
 @click.option("--decision", type=click.Choice(["tune", "fallback"]), help="Only this decision.")
 @click.option("--device", help="Only this device kind (cuda, npu, cpu).")
 @click.option("--kernel", help="Only kernels whose name contains this.")
+@click.option("--verify", is_flag=True, help="Recompute each shown decision and compare it with the stored one.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def inspect(obj: Ctx, key: str | None, decision: str | None, device: str | None, kernel: str | None,
-            as_json: bool) -> None:
+            verify: bool, as_json: bool) -> None:
     """List stored decisions, or show the entry KEY (a prefix is enough) in full."""
+    from prescreen.store.verify import verify_entry
+
     store = obj.store(writable=False)
+    if verify:
+        shown = [_one(store, key)] if key else list(_filtered(store, decision, device, kernel))
+        stale = [e for e in shown if not verify_entry(e)]
+        for e in stale:
+            err_console.print(f"[bold red]mismatch:[/] {e.key[:12]} {e.kernel}: stored decision differs from a "
+                              "fresh computation", highlight=False)
+        console.print(f"verified {len(shown)} entries: {len(shown) - len(stale)} identical to a fresh computation")
+        if stale:
+            sys.exit(1)
+        return
     if key:
         entry = _one(store, key)
         if as_json:

@@ -525,3 +525,34 @@ def test_warm_real_compile(started: Started) -> None:
     for d in report["decisions"]:
         assert set(d) == {"key", "kernel", "sizes", "action", "bounded", "estimated_bytes", "budget_bytes", "hit",
                           "reason"}
+
+
+def test_inspect_verify_recomputes_stored_decisions(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from prescreen.cli import cli
+    from prescreen.store import DiskStore
+    from prescreen.store.entry import Entry
+    from strategies import upstream_meta
+
+    plans = tmp_path / "plans.json"
+    plans.write_text(json.dumps([upstream_meta()]))
+    cache = str(tmp_path / "c")
+    runner = CliRunner()
+    assert runner.invoke(cli, ["--cache-dir", cache, "warm", "--plans", str(plans), "--device-memory", "4KiB"]).exit_code == 0
+    ok = runner.invoke(cli, ["--cache-dir", cache, "inspect", "--verify"])
+    assert ok.exit_code == 0 and "1 identical" in ok.output
+    # A self-consistent forgery (budget and action agree) that a fresh computation contradicts.
+    store = DiskStore(cache)
+    (entry,) = list(store.entries())
+    payload = entry.to_payload()
+    payload["decision"]["estimated_bytes"] += 8
+    payload["decision"]["synthetic_bytes"] += 8
+    payload["decision"]["group_bytes"][-1][1] += 8
+    payload["decision"]["reason"] = payload["decision"]["reason"].replace("560", "568")
+    forged = Entry.from_payload(payload)
+    store.delete([entry.key])
+    assert store.put(forged)
+    store.close()
+    bad = runner.invoke(cli, ["--cache-dir", cache, "inspect", "--verify"])
+    assert bad.exit_code == 1 and "mismatch" in bad.output
