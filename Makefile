@@ -15,7 +15,11 @@ test: install
 demo: install
 	PRESCREEN_CACHE_DIR=$${PRESCREEN_CACHE_DIR:-.prescreen-demo} prescreen warm examples/tiny_models.py:mlp \
 		--shape batch=1..4096 --device-memory 64GiB --inductor-config freezing=True
+	@echo "--- a second process compiling the same model reuses every decision:"
+	PRESCREEN_CACHE_DIR=$${PRESCREEN_CACHE_DIR:-.prescreen-demo} prescreen warm examples/tiny_models.py:mlp \
+		--shape batch=1..4096 --device-memory 64GiB --inductor-config freezing=True
 	PRESCREEN_CACHE_DIR=$${PRESCREEN_CACHE_DIR:-.prescreen-demo} prescreen inspect
+	PRESCREEN_CACHE_DIR=$${PRESCREEN_CACHE_DIR:-.prescreen-demo} prescreen stats
 
 bench: install
 	$(PY) bench/bench_estimate.py

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
@@ -19,8 +20,14 @@ from prescreen.errors import ConfigError
 from prescreen.store.base import Store
 from prescreen.store.entry import Entry
 
-console = Console()
-err_console = Console(stderr=True)
+
+def _width(stream: Any) -> int | None:
+    """Piped output (logs, CI, ``| less``) gets 160 columns instead of rich's 80, unless $COLUMNS says."""
+    return None if stream.isatty() or os.environ.get("COLUMNS") else 160
+
+
+console = Console(width=_width(sys.stdout))
+err_console = Console(stderr=True, width=_width(sys.stderr))
 
 
 def fail(message: str) -> NoReturn:
@@ -109,6 +116,8 @@ def _run(fn: Callable[[], Any]) -> Any:
 @click.pass_context
 def cli(ctx: click.Context, cache_dir: str | None, redis_url: str | None) -> None:
     """Pre-screen torch.compile autotune benchmarks against device memory, once per shape family."""
+    global console, err_console
+    console, err_console = Console(width=_width(sys.stdout)), Console(stderr=True, width=_width(sys.stderr))
     ctx.obj = Ctx(cache_dir, redis_url)
 
 
@@ -218,6 +227,13 @@ def _family(e: Entry) -> str:
     return ",".join(f"{n}={v}" for n, v in statics) or "static"
 
 
+def _why(d: Any) -> str:
+    """The reason in a few words (``inspect KEY`` prints it whole)."""
+    if not d.bounded:
+        return "not bounded: " + d.reason.rsplit(": ", 2)[-2] if d.reason.count(": ") >= 2 else "not bounded"
+    return "fits budget" if d.tune else "over budget"
+
+
 def _filtered(store: Store, decision: str | None, device: str | None, kernel: str | None) -> Iterator[Entry]:
     for e in store.entries():
         if decision and e.decision.action != decision:
@@ -293,14 +309,14 @@ def inspect(obj: Ctx, key: str | None, decision: str | None, device: str | None,
         click.echo(json.dumps([e.to_payload() for e in entries], indent=2))
         return
     table = Table(title=f"{len(entries)} decisions in {store.backend} store {store.location}")
-    for col in ("key", "kernel", "shape family", "device", "ratio", "decision", "estimated", "budget", "reason",
+    for col in ("key", "kernel", "shape family", "device", "ratio", "decision", "estimated", "budget", "why",
                 "created", "hits"):
         table.add_column(col, overflow="fold")
     for e in entries:
         d = e.decision
         table.add_row(e.key[:12], e.kernel, _family(e), f"{e.parts.device_kind} {format_bytes(e.parts.total_memory)}",
                       f"{e.parts.ratio:g}", d.action if d.bounded else "fallback*", format_bytes(d.estimated_bytes),
-                      format_bytes(d.budget_bytes), d.reason[:60], _age(e.created_at), str(e.hits))
+                      format_bytes(d.budget_bytes), _why(d), _age(e.created_at), str(e.hits))
     console.print(table)
     if any(not e.decision.bounded for e in entries):
         console.print("* not bounded: the footprint could not be estimated, so the benchmark is skipped (fail closed)")
@@ -339,14 +355,16 @@ def clear(obj: Ctx, everything: bool, key: str | None, kernel: str | None, devic
 @click.pass_obj
 def stats(obj: Ctx) -> None:
     """Entries, size on disk, hit rate, location and backend of the store."""
-    s = obj.store(writable=False).stats()
-    lookups = s.hits + s.misses
+    store = obj.store(writable=False)
+    s = store.stats()
+    stored_hits = sum(e.hits for e in store.entries())
+    lookups = stored_hits + s.entries  # every entry was computed once (a miss), then reused stored_hits times
     table = Table(show_header=False, title="prescreen store")
     for field, value in (
         ("backend", s.backend), ("location", s.location), ("entries", str(s.entries)),
         ("size", format_bytes(s.size_bytes)),
-        ("stored hits", str(s.hits)),
-        ("hit rate", f"{s.hits / lookups:.1%}" if lookups else "-"),
+        ("hits", str(stored_hits)),
+        ("hit rate", f"{stored_hits / lookups:.1%} (hits / (hits + entries computed))" if lookups else "-"),
         ("healthy", str(s.healthy)), ("detail", s.detail or "-"),
     ):
         table.add_row(field, value)
