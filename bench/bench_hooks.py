@@ -82,6 +82,7 @@ def main() -> None:
         cold_dir = tempfile.mkdtemp(prefix="prescreen-cold-")
         for variant in ("off", "cold", "warm"):
             res = run(variant, args.device, cold_dir)  # "warm" reuses the store "cold" just filled
+            print(f"  {variant}: {res['seconds']:.2f}s {json.dumps(res)}", flush=True)  # partial results survive a kill
             times[variant].append(res["seconds"])
             extra[variant] = res
     med = {k: statistics.median(v) for k, v in times.items()}
