@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Callable
 
 from prescreen.budget import Budget
@@ -28,6 +29,7 @@ class Counters:
     fell_back: int = 0
     not_bounded: int = 0
     largest_estimate: int = 0
+    seconds: float = 0.0  # wall time spent inside lookup_or_decide
 
     def count(self, decision: Decision) -> None:
         if decision.tune:
@@ -57,6 +59,16 @@ class Outcome:
 
 def lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, *, write: bool = True) -> Outcome:
     """The decision for ``plan`` under ``budget``: from ``store`` on a hit, else computed (and stored)."""
+    start = time.perf_counter()
+    try:
+        return _lookup_or_decide(plan, budget, store, write)
+    finally:
+        elapsed = time.perf_counter() - start
+        with _lock:
+            COUNTERS.seconds += elapsed
+
+
+def _lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, write: bool) -> Outcome:
     key, parts = build_key(plan, budget)
     with _lock:
         COUNTERS.lookups += 1
