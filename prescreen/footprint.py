@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from prescreen.errors import NotBounded, Reason
-from prescreen.expr import evaluate
+from prescreen.expr import evaluate, free_axes
 from prescreen.plan import KernelPlan, SizeArg, TensorArg, WorkspaceArg
 from prescreen.representatives import Representatives
 
@@ -103,30 +103,51 @@ def _canonical_dtype(name: str) -> str:
     return str(getattr(torch, name.removeprefix("torch.")))
 
 
+def _arg_bytes(arg: TensorArg | WorkspaceArg, env: dict[str, int]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """Size, stride and bytes of one benchmark argument at one group's axis values."""
+    if isinstance(arg, TensorArg):
+        size = tuple(evaluate(e, env) for e in arg.size)
+        stride = tuple(evaluate(e, env) for e in arg.stride)
+        return size, stride, required_storage_numel(size, stride) * dtype_itemsize(arg.dtype)
+    count = evaluate(arg.count, env)
+    if count < 0:
+        raise NotBounded(Reason.NEGATIVE_SIZE, f"negative workspace count {count} for {arg.name!r}")
+    return (count,), (1,), count * dtype_itemsize(arg.dtype)
+
+
+def _axes_of(arg: TensorArg | WorkspaceArg) -> tuple[str, ...]:
+    exprs = (*arg.size, *arg.stride) if isinstance(arg, TensorArg) else (arg.count,)
+    return tuple(sorted(frozenset().union(*(free_axes(e) for e in exprs))))
+
+
 def estimate_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
-    """Estimate the bytes the grouped autotune benchmark synthesizes; fails closed."""
+    """Estimate the bytes the grouped autotune benchmark synthesizes; fails closed.
+
+    An argument's bytes depend only on the axes its expressions name, so they
+    are computed once per distinct value of those axes and reused across
+    groups (most groups differ in axes a given argument does not use). Groups
+    and arguments are still visited in order, so the first failure, the
+    dominant argument and every tie are exactly those of a plain loop.
+    """
     mutated = set(plan.mutated_arg_names)
+    args = [a for a in plan.args if not isinstance(a, SizeArg)]
+    for arg in args:
+        if not isinstance(arg, (TensorArg, WorkspaceArg)):  # pragma: no cover - the plan model admits nothing else
+            raise NotBounded(Reason.INVALID_PLAN, f"unsupported arg {arg!r}")
+    axes = [_axes_of(a) for a in args]
+    memo: list[dict[tuple[int | None, ...], tuple[tuple[int, ...], tuple[int, ...], int]]] = [{} for _ in args]
     synthetic = peak_clone = 0
     group_bytes: list[tuple[int, int]] = []
     dominant: ArgFootprint | None = None
     for group in reps.groups:
         env = dict(group.axis_values)
         current = current_mutated = 0
-        for arg in plan.args:
-            if isinstance(arg, SizeArg):
-                continue
-            if isinstance(arg, TensorArg):
-                size = tuple(evaluate(e, env) for e in arg.size)
-                stride = tuple(evaluate(e, env) for e in arg.stride)
-                nbytes = required_storage_numel(size, stride) * dtype_itemsize(arg.dtype)
-            elif isinstance(arg, WorkspaceArg):
-                count = evaluate(arg.count, env)
-                if count < 0:
-                    raise NotBounded(Reason.NEGATIVE_SIZE, f"negative workspace count {count} for {arg.name!r}")
-                size, stride = (count,), (1,)
-                nbytes = count * dtype_itemsize(arg.dtype)
-            else:  # pragma: no cover - the plan model admits nothing else
-                raise NotBounded(Reason.INVALID_PLAN, f"unsupported arg {arg!r}")
+        for i, arg in enumerate(args):
+            key = tuple(env.get(a) for a in axes[i])
+            hit = memo[i].get(key)
+            if hit is None:
+                hit = memo[i][key] = _arg_bytes(arg, env)
+            size, stride, nbytes = hit
             current += nbytes
             if arg.name in mutated:
                 current_mutated += nbytes
