@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from prescreen.store.entry import Entry
+from prescreen.store.entry import Entry, InvalidEntry
 
 log = logging.getLogger("prescreen.store")
 
@@ -49,6 +49,23 @@ class Store(abc.ABC):
                 return
             self._warned.add(what)
         log.warning("prescreen %s store at %s: %s (%s); treating as a miss", self.backend, self.location, what, exc)
+
+    def decode(self, key: str, raw: object, *, warn: bool = True) -> Entry | None:
+        """The valid entry in a stored value (JSON text), or None with one warning per kind of fault."""
+        if raw is None:
+            return None
+        try:
+            if not isinstance(raw, (bytes, str)):
+                mode = getattr(raw, "mode", None)  # the disk backend's marker for a refused row
+                if mode is not None:
+                    raise InvalidEntry(f"value is stored as {mode}, not JSON text; it is never unpickled")
+                raise InvalidEntry(f"value is a {type(raw).__name__}, not JSON text")
+            return Entry.from_json(raw, expected_key=key)
+        except InvalidEntry as exc:
+            if warn:
+                what = "entry from another schema" if "schema" in str(exc) else "invalid entry"
+                self.warn_once(what, f"key {key[:12]}: {exc}")
+            return None
 
     @abc.abstractmethod
     def get(self, key: str) -> Entry | None:

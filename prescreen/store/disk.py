@@ -34,11 +34,11 @@ from diskcache.core import DBNAME
 from prescreen.budget import parse_memory
 from prescreen.errors import ConfigError
 from prescreen.store.base import Store, StoreStats, log
-from prescreen.store.entry import Entry, InvalidEntry
+from prescreen.store.entry import Entry
 from prescreen.store.faults import Fault, classify
 from prescreen.store.readonly import ReadOnlyCache
 from prescreen.store.recovery import quarantine, recovery_lock, salvage
-from prescreen.store.textdisk import FastOpenCache, Refused, TextDisk
+from prescreen.store.textdisk import FastOpenCache, TextDisk
 
 CACHE_DIR_ENV = "PRESCREEN_CACHE_DIR"
 SIZE_LIMIT_ENV = "PRESCREEN_CACHE_SIZE_LIMIT"
@@ -234,19 +234,7 @@ class DiskStore(Store):
     # -- decoding -----------------------------------------------------------
 
     def _decode(self, key: str, raw: object, *, warn: bool = True) -> Entry | None:
-        if raw is None:
-            return None
-        try:
-            if isinstance(raw, Refused):
-                raise InvalidEntry(f"value is stored as {raw.mode}, not JSON text; it is never unpickled")
-            if not isinstance(raw, str):
-                raise InvalidEntry(f"value is a {type(raw).__name__}, not JSON text")
-            return Entry.from_json(raw, expected_key=key)
-        except InvalidEntry as exc:
-            if warn:
-                what = "entry from another schema" if "schema" in str(exc) else "invalid entry"
-                self.warn_once(what, f"key {key[:12]}: {exc}")
-            return None
+        return self.decode(key, raw, warn=warn)  # a Refused (pickled/binary) row is reported, never unpickled
 
     def _stored_hits(self, key: str) -> int:
         value = self._run(False, lambda c: c.get(HITS_PREFIX + key), None)

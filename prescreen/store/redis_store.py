@@ -25,7 +25,7 @@ from redis.retry import Retry
 
 from prescreen.errors import ConfigError
 from prescreen.store.base import Store, StoreStats
-from prescreen.store.entry import Entry, InvalidEntry
+from prescreen.store.entry import Entry
 
 REDIS_URL_ENV = "PRESCREEN_REDIS_URL"
 DEFAULT_PREFIX = "prescreen:v1:"
@@ -124,17 +124,7 @@ class RedisStore(Store):
         return result
 
     def _decode(self, key: str, raw: object, *, warn: bool = True) -> Entry | None:
-        if raw is None:
-            return None
-        try:
-            if not isinstance(raw, (bytes, str)):
-                raise InvalidEntry(f"value is a {type(raw).__name__}, not JSON text")
-            return Entry.from_json(raw, expected_key=key)
-        except InvalidEntry as exc:
-            if warn:
-                what = "entry from another schema" if "schema" in str(exc) else "invalid entry"
-                self.warn_once(what, f"key {key[:12]}: {exc}")
-            return None
+        return self.decode(key, raw, warn=warn)
 
     def _fetch(self, key: str) -> tuple[object, int]:
         names = [self.entry_key(key), self.hits_key(key)]
