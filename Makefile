@@ -10,6 +10,7 @@ install:
 	$(PIP) install -q -e ".[test]"
 
 test: install
+	$(PY) -m ruff check prescreen hooks tests bench examples
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 demo: install

@@ -67,7 +67,10 @@ def load_spec(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read spec {str(p)!r}: {exc.strerror}") from None
     try:
         if p.suffix == ".toml":
-            import tomllib
+            try:
+                import tomllib
+            except ImportError:  # Python 3.10
+                import tomli as tomllib  # type: ignore[no-redef]
 
             data = tomllib.loads(text)
         else:

@@ -529,11 +529,11 @@ def test_warm_real_compile(started: Started) -> None:
 
 def test_inspect_verify_recomputes_stored_decisions(tmp_path) -> None:
     from click.testing import CliRunner
+    from strategies import upstream_meta
 
     from prescreen.cli import cli
     from prescreen.store import DiskStore
     from prescreen.store.entry import Entry
-    from strategies import upstream_meta
 
     plans = tmp_path / "plans.json"
     plans.write_text(json.dumps([upstream_meta()]))
