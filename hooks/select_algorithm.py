@@ -10,6 +10,7 @@ selector only the ATen extern choice, which it returns without benchmarking.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -189,27 +190,55 @@ def _guard(name: str, choices: list[Any], input_nodes: Sequence[Any], layout: An
     return [fallback]
 
 
+_CALL_PARAMS = ("self", "name", "choices", "input_nodes", "layout")
+
+
+def _signature_ok(fn: Callable[..., Any]) -> bool:
+    """``__call__(self, name, choices, input_nodes, layout, ...)``, as in torch 2.11 to 2.14."""
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return False
+    return tuple(params[: len(_CALL_PARAMS)]) == _CALL_PARAMS
+
+
 def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+    signature = inspect.signature(original)
+
     @functools.wraps(original)
-    def guarded_call(self: Any, name: str, choices: list[Any], input_nodes: Any, layout: Any, *args: Any, **kwargs: Any) -> Any:
+    def guarded_call(*args: Any, **kwargs: Any) -> Any:
         try:
-            choices = _guard(name, list(choices), input_nodes, layout)
+            bound = signature.bind(*args, **kwargs)
+            bound.arguments["choices"] = _guard(
+                bound.arguments["name"], list(bound.arguments["choices"]), bound.arguments["input_nodes"],
+                bound.arguments["layout"],
+            )
+            args, kwargs = bound.args, bound.kwargs
         except Exception as exc:  # never break a compile
             state.log_once(f"select-error:{type(exc).__name__}", logging.WARNING,
                            "prescreen: select-algorithm guard failed (%r); autotuning as upstream would", exc)
-        return original(self, name, choices, input_nodes, layout, *args, **kwargs)
+        return original(*args, **kwargs)
 
     setattr(guarded_call, _ORIGINAL_ATTR, original)
     return guarded_call
 
 
 def patch() -> bool:
-    """Install the guard on ``AlgorithmSelectorCache.__call__``; True if installed."""
+    """Install the guard on ``AlgorithmSelectorCache.__call__``; True if installed.
+
+    An Inductor whose ``__call__`` has another signature is left alone, with a
+    warning naming the torch version, rather than guessed at.
+    """
+    import torch
     from torch._inductor.select_algorithm import AlgorithmSelectorCache
 
     current = AlgorithmSelectorCache.__call__
     if hasattr(current, _ORIGINAL_ATTR):
         return True
+    if not _signature_ok(current):
+        log.warning("prescreen: AlgorithmSelectorCache.__call__ in torch %s does not take (name, choices, "
+                    "input_nodes, layout); the select-algorithm guard is not installed", torch.__version__)
+        return False
     AlgorithmSelectorCache.__call__ = _wrap(current)  # type: ignore[method-assign]
     return True
 

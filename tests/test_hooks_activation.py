@@ -96,6 +96,30 @@ def test_guard_error_hands_upstream_every_choice(monkeypatch) -> None:
     assert seen == [["a", "b", "c"]]
 
 
+def test_guard_sees_keyword_arguments_and_changes_only_choices(monkeypatch) -> None:
+    calls: list[tuple] = []
+
+    def upstream(self, name, choices, input_nodes, layout, input_gen_fns=None, *, extra=1):
+        calls.append((name, choices, input_nodes, layout, input_gen_fns, extra))
+        return "node", choices[0]
+
+    monkeypatch.setattr(select_algorithm, "_guard", lambda name, choices, nodes, layout: choices[-1:])
+    guarded = select_algorithm._wrap(upstream)
+    guarded(object(), name="mm", choices=["a", "b"], input_nodes=[1], layout="L", input_gen_fns={0: 1}, extra=2)
+    guarded(object(), "mm", ["a", "b"], [1], "L")
+    assert calls == [("mm", ["b"], [1], "L", {0: 1}, 2), ("mm", ["b"], [1], "L", None, 1)]
+
+
+def test_unrecognised_selector_signature_is_not_patched(monkeypatch, caplog) -> None:
+    def other(self, choices, name, layout):  # a hypothetical future Inductor
+        return None
+
+    monkeypatch.setattr(AlgorithmSelectorCache, "__call__", other)
+    assert select_algorithm.patch() is False
+    assert AlgorithmSelectorCache.__call__ is other
+    assert "does not take (name, choices, input_nodes, layout)" in caplog.text
+
+
 def test_broken_store_still_decides(monkeypatch) -> None:
     import prescreen.store as store_mod
 
