@@ -63,8 +63,11 @@ def family_payload(plan: KernelPlan) -> dict[str, object]:
     The representatives are a pure function of this (for one estimator
     version), so hashing it identifies them without enumerating every group.
     """
-    payload = plan.canonical_payload()
-    return {k: payload[k] for k in _FAMILY_FIELDS}
+    return _family_of(plan.canonical_payload())
+
+
+def _family_of(canonical: dict[str, object]) -> dict[str, object]:
+    return {k: canonical[k] for k in _FAMILY_FIELDS}
 
 
 def family_hash(plan: KernelPlan) -> str:
@@ -77,7 +80,7 @@ def build_key(plan: KernelPlan, budget: Budget) -> tuple[str, KeyParts]:
     canonical = plan.canonical_payload()  # one encoding serves both hashes
     parts = KeyParts(
         plan_hash=_sha(canonical),
-        family_hash=_sha({k: canonical[k] for k in _FAMILY_FIELDS}),
+        family_hash=_sha(_family_of(canonical)),
         device_kind=budget.device_kind,
         total_memory=budget.total_memory,
         ratio=budget.ratio,

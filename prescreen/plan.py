@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal, Union, get_args
 
 from prescreen.errors import NotBounded, Reason
@@ -220,8 +220,7 @@ class KernelPlan:
     @property
     def is_dynamic(self) -> bool:
         """True when some axis has no static length (a dynamic-shape kernel)."""
-        static = {name for name, _ in self.axis_static_values}
-        return any(name not in static for name in self.axis_names)
+        return has_dynamic_axis(self.axis_names, self.axis_static_values)
 
     @staticmethod
     def from_payload(payload: Mapping[str, object]) -> "KernelPlan":
@@ -286,6 +285,12 @@ class KernelPlan:
     @property
     def display_name(self) -> str:
         return self.kernel_name if self.kernel_name not in _NAME_PLACEHOLDERS else "<unnamed>"
+
+
+def has_dynamic_axis(axis_names: Iterable[str], axis_static_values: Iterable[Sequence[object]]) -> bool:
+    """True when some axis has no static value; works on parsed plans and raw payloads alike."""
+    static = {pair[0] for pair in axis_static_values}
+    return any(name not in static for name in axis_names)
 
 
 def canonical_json(value: object) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from prescreen.decision import Decision
 from prescreen.key import SCHEMA_VERSION, KeyParts, family_hash
-from prescreen.plan import KernelPlan
+from prescreen.plan import KernelPlan, has_dynamic_axis
 
 
 class InvalidEntry(ValueError):
@@ -151,8 +151,7 @@ class Entry:
 def _is_dynamic(plan: dict[str, object]) -> bool:
     """``KernelPlan.is_dynamic`` read off a stored payload without parsing it."""
     try:
-        static = {pair[0] for pair in plan.get("axis_static_values", [])}  # type: ignore[union-attr]
-        return any(name not in static for name in plan.get("axis_names", []))  # type: ignore[union-attr]
+        return has_dynamic_axis(plan.get("axis_names", []), plan.get("axis_static_values", []))  # type: ignore[arg-type]
     except (TypeError, IndexError, KeyError):
         raise InvalidEntry("stored plan has malformed axes") from None
 
