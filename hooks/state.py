@@ -14,16 +14,17 @@ log = logging.getLogger("prescreen.hooks")
 _lock = threading.RLock()
 _store: Store | None = None
 _store_opened = False
+_store_owned = False  # True only for a store get_store opened itself; a caller's store is the caller's to close
 _overrides: dict[str, object] = {}
 _logged: set[str] = set()
 
 
 def configure(*, store: Store | None = None, device_memory: str | int | None = None, ratio: float | None = None) -> None:
     """Set an explicit store / memory / ratio for the hooks (``prescreen warm`` does)."""
-    global _store, _store_opened
+    global _store, _store_opened, _store_owned
     with _lock:
         if store is not None:
-            _store, _store_opened = store, True
+            _store, _store_opened, _store_owned = store, True, False
         if device_memory is not None:
             _overrides["device_memory"] = device_memory
         if ratio is not None:
@@ -32,25 +33,25 @@ def configure(*, store: Store | None = None, device_memory: str | int | None = N
 
 def reset() -> None:
     """Forget the store and overrides (the next lookup reopens from the environment)."""
-    global _store, _store_opened
+    global _store, _store_opened, _store_owned
     with _lock:
-        if _store is not None:
+        if _store is not None and _store_owned:
             _store.close()
-        _store, _store_opened = None, False
+        _store, _store_opened, _store_owned = None, False, False
         _overrides.clear()
         _logged.clear()
 
 
 def get_store() -> Store | None:
     """The store the hooks use; opened once from the environment. None if it cannot be opened."""
-    global _store, _store_opened
+    global _store, _store_opened, _store_owned
     with _lock:
         if not _store_opened:
             _store_opened = True
             try:
                 from prescreen.store import open_store
 
-                _store = open_store()
+                _store, _store_owned = open_store(), True
             except Exception as exc:  # a broken store never breaks a compile
                 log.warning("prescreen: decision store unavailable (%s); deciding without a store", exc)
                 _store = None
