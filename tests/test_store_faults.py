@@ -18,7 +18,9 @@ from prescreen.decision import decide
 from prescreen.plan import KernelPlan
 from prescreen.service import lookup_or_decide
 from prescreen.store import DiskStore
+from prescreen.store import disk as disk_module
 from prescreen.store.entry import Entry
+from prescreen.store.recovery import LOCK_NAME, recovery_lock
 
 HANG_GUARD_S = 30.0  # not a latency check: only catches a store that blocks a compile indefinitely
 
@@ -121,7 +123,10 @@ def _open_corrupt_and_put(directory: str, seed: int, barrier: object) -> None:
         assert store.put(entry_of(seed))
 
 
-def test_concurrent_recovery_keeps_every_process_entry(tmp_path: Path) -> None:
+@pytest.mark.parametrize("round_", range(6))
+def test_concurrent_recovery_keeps_every_process_entry(tmp_path: Path, round_: int) -> None:
+    # Before openers held recovery.lock shared, about one round in 40 lost a process's put to a
+    # "disk I/O error": it opened cache.db while another process renamed it and its -wal/-shm aside.
     directory = tmp_path / "cache"
     fill(directory, range(2))
     (directory / "cache.db").write_bytes(os.urandom(16384))
@@ -136,6 +141,41 @@ def test_concurrent_recovery_keeps_every_process_entry(tmp_path: Path) -> None:
     with DiskStore(directory) as store:
         assert correct_or_miss(store, range(100, 104)) == 4  # no process moved a fresh database aside
     assert len(list(directory.glob("cache.db.corrupt-*"))) == 1
+
+
+def test_open_waits_for_another_process_recovery(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    fill(directory, range(2))
+    opened = threading.Event()
+
+    def open_store() -> None:
+        DiskStore(directory).close()
+        opened.set()
+
+    with recovery_lock(directory):  # as a recovering process holds it
+        thread = threading.Thread(target=open_store, daemon=True)
+        thread.start()
+        assert not opened.wait(0.5)
+    assert opened.wait(HANG_GUARD_S)
+    thread.join()
+
+
+def test_open_goes_on_without_a_lock_held_too_long(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    directory = tmp_path / "cache"
+    fill(directory, range(2))
+    monkeypatch.setattr(disk_module, "RECOVERY_WAIT", 0.0)
+    with recovery_lock(directory):
+        store = run_guarded(lambda: DiskStore(directory, timeout=0.1))
+        assert correct_or_miss(store, range(2)) == 2
+        store.close()
+
+
+def test_exclusive_lock_times_out_with_a_clear_error(tmp_path: Path) -> None:
+    with recovery_lock(tmp_path, shared=True):  # flock conflicts between open files, so within a process too
+        assert (tmp_path / LOCK_NAME).exists()
+        with pytest.raises(TimeoutError, match="recovery.lock held for over 0.05 s"):
+            with recovery_lock(tmp_path, wait=0.05):
+                pass
 
 
 # -- locked -------------------------------------------------------------------

@@ -47,6 +47,7 @@ DEFAULT_TIMEOUT = 0.5
 DEFAULT_COOLDOWN = 30.0
 HITS_PREFIX = "hits:"
 HIT_FLUSH_SECONDS = 2.0
+RECOVERY_WAIT = 10.0  # how long an opener waits for another process's recovery
 
 
 def _flush_at_exit(ref: "weakref.ReferenceType[DiskStore]") -> None:
@@ -149,7 +150,8 @@ class DiskStore(Store):
     def _open(self) -> None:
         """Open read-write; else recover a corrupt file, serve a read-only one, or stay closed for a while."""
         try:
-            self._cache = self._new_cache()
+            with recovery_lock(self.directory, shared=True, wait=self.timeout + RECOVERY_WAIT):
+                self._cache = self._new_cache()
             self._healthy = True
             return
         except Exception as exc:  # every open failure degrades the same way

@@ -1,7 +1,8 @@
 """Recover from a corrupt ``cache.db``: move it aside, start afresh, keep every valid entry that can be read.
 
 Under an exclusive ``flock`` on ``recovery.lock`` (so that several processes
-finding the same corrupt file do not move each other's fresh database aside),
+finding the same corrupt file do not move each other's fresh database aside,
+and none is opening the files being moved: openers hold the lock shared),
 the file is checked again; if it is still corrupt, ``cache.db`` and its
 ``-wal``/``-shm`` companions are renamed to ``cache.db.corrupt-<time>-<pid>``.
 The caller then opens a fresh cache and calls ``salvage``: rows still readable
@@ -30,13 +31,43 @@ LOCK_NAME = "recovery.lock"
 _COMPANIONS = ("", "-wal", "-shm")
 
 
+LOCK_WAIT = 30.0
+
+
 @contextlib.contextmanager
-def recovery_lock(directory: Path) -> Iterator[None]:
-    """Serialise recovery between processes sharing ``directory``."""
-    with open(directory / LOCK_NAME, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+def recovery_lock(directory: Path, *, shared: bool = False, wait: float = LOCK_WAIT) -> Iterator[bool]:
+    """Hold ``recovery.lock``: exclusive while recovering, shared while opening; yields whether it is held.
+
+    Opening under the shared lock means no process is half-way through
+    opening ``cache.db`` (database file opened, ``-wal``/``-shm`` not yet)
+    while another renames those files aside, which SQLite reports as a disk
+    I/O error. An opener that cannot create the lock file (a read-only
+    directory) or waits longer than ``wait`` goes on without it.
+    """
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        handle = open(directory / LOCK_NAME, "a")
+    except OSError:
+        if not shared:
+            raise
+        yield False
+        return
+    with handle:
+        mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(handle, mode | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    if not shared:
+                        raise TimeoutError(f"{directory / LOCK_NAME} held for over {wait:g} s") from None
+                    yield False
+                    return
+                time.sleep(0.002)
         try:
-            yield
+            yield True
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
