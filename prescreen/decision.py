@@ -84,8 +84,7 @@ class Decision:
             raise ValueError(f"bad ratio {ratio!r}")
         groups = d["group_bytes"]
         if not isinstance(groups, list) or not all(
-            isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in p)
-            for p in groups
+            type(p) is list and len(p) == 2 and type(p[0]) is int and type(p[1]) is int for p in groups  # no bools
         ):
             raise ValueError("group_bytes must be a list of [group_id, bytes]")
         dom = d["dominant_arg"]

@@ -42,9 +42,17 @@ class KeyParts:
     versions: tuple[tuple[str, str], ...]
 
     def to_payload(self) -> dict[str, object]:
-        d = dataclasses.asdict(self)
-        d["versions"] = {name: version for name, version in self.versions}
-        return d
+        # Field by field, not dataclasses.asdict: this runs twice per lookup and asdict deep-copies.
+        return {
+            "plan_hash": self.plan_hash,
+            "family_hash": self.family_hash,
+            "device_kind": self.device_kind,
+            "total_memory": self.total_memory,
+            "ratio": self.ratio,
+            "schema_version": self.schema_version,
+            "estimator_version": self.estimator_version,
+            "versions": dict(self.versions),
+        }
 
     def digest(self) -> str:
         return hashlib.sha256(canonical_json(self.to_payload()).encode()).hexdigest()
