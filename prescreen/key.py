@@ -42,17 +42,10 @@ class KeyParts:
     versions: tuple[tuple[str, str], ...]
 
     def to_payload(self) -> dict[str, object]:
-        # Field by field, not dataclasses.asdict: this runs twice per lookup and asdict deep-copies.
-        return {
-            "plan_hash": self.plan_hash,
-            "family_hash": self.family_hash,
-            "device_kind": self.device_kind,
-            "total_memory": self.total_memory,
-            "ratio": self.ratio,
-            "schema_version": self.schema_version,
-            "estimator_version": self.estimator_version,
-            "versions": dict(self.versions),
-        }
+        # Not dataclasses.asdict: this runs twice per lookup and asdict deep-copies every field.
+        d: dict[str, object] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["versions"] = dict(self.versions)
+        return d
 
     def digest(self) -> str:
         return hashlib.sha256(canonical_json(self.to_payload()).encode()).hexdigest()

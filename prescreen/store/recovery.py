@@ -20,6 +20,7 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import diskcache
 from diskcache.core import DBNAME
@@ -28,21 +29,33 @@ from prescreen.store.entry import Entry, InvalidEntry
 from prescreen.store.textdisk import TextDisk
 
 LOCK_NAME = "recovery.lock"
+LOCK_WAIT = 30.0
 _COMPANIONS = ("", "-wal", "-shm")
 
 
-LOCK_WAIT = 30.0
+def _flock_within(handle: IO[str], mode: int, wait: float) -> bool:
+    """Take ``flock(mode)`` on ``handle``, polling for at most ``wait`` seconds; True when taken."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(handle, mode | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.002)
 
 
 @contextlib.contextmanager
-def recovery_lock(directory: Path, *, shared: bool = False, wait: float = LOCK_WAIT) -> Iterator[bool]:
-    """Hold ``recovery.lock``: exclusive while recovering, shared while opening; yields whether it is held.
+def recovery_lock(directory: Path, *, shared: bool = False, wait: float = LOCK_WAIT) -> Iterator[None]:
+    """Hold ``recovery.lock``: exclusive while recovering, shared while opening.
 
     Opening under the shared lock means no process is half-way through
     opening ``cache.db`` (database file opened, ``-wal``/``-shm`` not yet)
     while another renames those files aside, which SQLite reports as a disk
     I/O error. An opener that cannot create the lock file (a read-only
-    directory) or waits longer than ``wait`` goes on without it.
+    directory) or waits longer than ``wait`` goes on without it; recovery
+    raises instead.
     """
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -50,24 +63,16 @@ def recovery_lock(directory: Path, *, shared: bool = False, wait: float = LOCK_W
     except OSError:
         if not shared:
             raise
-        yield False
+        yield
         return
     with handle:
-        mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                fcntl.flock(handle, mode | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    if not shared:
-                        raise TimeoutError(f"{directory / LOCK_NAME} held for over {wait:g} s") from None
-                    yield False
-                    return
-                time.sleep(0.002)
+        if not _flock_within(handle, fcntl.LOCK_SH if shared else fcntl.LOCK_EX, wait):
+            if not shared:
+                raise TimeoutError(f"{directory / LOCK_NAME} held for over {wait:g} s")
+            yield
+            return
         try:
-            yield True
+            yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
