@@ -1,34 +1,57 @@
 PY ?= python3
-PIP ?= $(PY) -m pip
+# Everything runs in a venv of its own, with prescreen installed from a built
+# wheel (non-editable), as users install it. Delete .venv to start afresh.
+VENV ?= .venv
+VPY := $(VENV)/bin/python
 # Pin the CPU build that lies on local disk; a range would pull a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.*
+PIP_FLAGS ?= -q --disable-pip-version-check
+CACHE ?= .prescreen-demo
 
-.PHONY: install test demo bench lint redis clean
+.PHONY: venv install dev test demo bench lint redis clean
 
-install:
-	$(PIP) install -q "$(TORCH_PIN)"
-	$(PIP) install -q -e ".[test]"
+$(VPY):
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install $(PIP_FLAGS) "$(TORCH_PIN)"
 
+venv: $(VPY)
+
+# Build the wheel and install it (with the test tools) non-editable into the venv.
+install: $(VPY)
+	rm -rf dist build
+	$(VPY) -m pip wheel $(PIP_FLAGS) --no-deps --no-build-isolation -w dist . 2>/dev/null \
+		|| $(VPY) -m pip wheel $(PIP_FLAGS) --no-deps -w dist .
+	$(VPY) -m pip install $(PIP_FLAGS) "$(TORCH_PIN)" "$$(ls dist/prescreen-*.whl)[test]"
+	$(VPY) -m pip install $(PIP_FLAGS) --force-reinstall --no-deps dist/prescreen-*.whl
+	rm -rf build
+
+# An editable install into the current Python, for working on prescreen itself.
+dev:
+	$(PY) -m pip install $(PIP_FLAGS) "$(TORCH_PIN)"
+	$(PY) -m pip install $(PIP_FLAGS) -e ".[test]"
+
+# -P: the repository is not on sys.path, so tests import the installed wheel.
 test: install
-	$(PY) -m ruff check prescreen hooks tests bench examples
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(VPY) -m ruff check prescreen hooks tests bench examples
+	PRESCREEN_TEST_INSTALLED=1 $(VPY) -P -m pytest -q -p no:cacheprovider tests
 
 demo: install
-	PRESCREEN_CACHE_DIR=$${PRESCREEN_CACHE_DIR:-.prescreen-demo} prescreen warm examples/tiny_models.py:mlp \
+	PRESCREEN_CACHE_DIR=$${PRESCREEN_CACHE_DIR:-$(CACHE)} $(VENV)/bin/prescreen warm examples/tiny_models.py:mlp \
 		--shape batch=1..4096 --device-memory 64GiB --inductor-config freezing=True
 	@echo "--- a second process compiling the same model reuses every decision:"
-	PRESCREEN_CACHE_DIR=$${PRESCREEN_CACHE_DIR:-.prescreen-demo} prescreen warm examples/tiny_models.py:mlp \
+	PRESCREEN_CACHE_DIR=$${PRESCREEN_CACHE_DIR:-$(CACHE)} $(VENV)/bin/prescreen warm examples/tiny_models.py:mlp \
 		--shape batch=1..4096 --device-memory 64GiB --inductor-config freezing=True
-	PRESCREEN_CACHE_DIR=$${PRESCREEN_CACHE_DIR:-.prescreen-demo} prescreen inspect
-	PRESCREEN_CACHE_DIR=$${PRESCREEN_CACHE_DIR:-.prescreen-demo} prescreen stats
+	PRESCREEN_CACHE_DIR=$${PRESCREEN_CACHE_DIR:-$(CACHE)} $(VENV)/bin/prescreen inspect
+	PRESCREEN_CACHE_DIR=$${PRESCREEN_CACHE_DIR:-$(CACHE)} $(VENV)/bin/prescreen stats
 
 bench: install
-	$(PY) bench/bench_estimate.py
-	$(PY) bench/bench_store.py
-	$(PY) bench/bench_hooks.py
+	$(VPY) -P bench/bench_import.py
+	$(VPY) -P bench/bench_estimate.py
+	$(VPY) -P bench/bench_store.py
+	$(VPY) -P bench/bench_hooks.py
 
 lint: install
-	$(PY) -m ruff check prescreen hooks tests bench examples
+	$(VPY) -m ruff check prescreen hooks tests bench examples
 
 clean:
-	rm -rf .prescreen-demo build *.egg-info .pytest_cache
+	rm -rf $(CACHE) build dist *.egg-info .pytest_cache

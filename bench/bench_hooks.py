@@ -47,7 +47,7 @@ def child(variant: str, device: str) -> None:
     seconds = time.perf_counter() - start
     out = {"variant": variant, "seconds": seconds}
     if variant != "off":
-        from hooks import state
+        from prescreen.hooks import state
 
         c = state.counters()
         out.update(lookups=c.lookups, hits=c.hits, estimator_calls=c.estimator_calls, prescreen_seconds=c.seconds)

@@ -22,8 +22,8 @@ def main() -> None:
     from torch._inductor import select_algorithm as sa
 
     import prescreen
-    from hooks import select_algorithm as guard
     from prescreen.footprint import estimate_footprint
+    from prescreen.hooks import select_algorithm as guard
     from prescreen.representatives import build_representatives
 
     ic.fx_graph_cache = False  # every case must really autotune

@@ -52,7 +52,7 @@ def child(args: argparse.Namespace) -> None:
     out["seconds"] = round(time.perf_counter() - start, 2)
     out["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
     if args.prescreen:
-        from hooks import state
+        from prescreen.hooks import state
 
         c = state.counters()
         out["lookups"], out["fell_back"], out["estimator_calls"] = c.lookups, c.fell_back, c.estimator_calls

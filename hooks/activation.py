@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator
 from types import ModuleType
 
-from hooks import import_hook, npu, select_algorithm, state
+from prescreen.hooks import import_hook, npu, select_algorithm, state
 from prescreen.store.base import Store
 
 log = logging.getLogger("prescreen.hooks")

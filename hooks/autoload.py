@@ -1,22 +1,36 @@
 """``import torch`` entry point (group ``torch.backends``): ``PRESCREEN=1`` installs the hooks.
 
-Kept import-free until the variable is set, and never raises: torch turns an
-autoload error into a failed ``import torch``.
+torch calls :func:`autoload` at the end of every ``import torch`` in an
+environment where prescreen is installed, and turns any exception into a failed
+``import torch``. So this module imports only the standard library, does nothing
+unless ``PRESCREEN`` is set to a true value, and never raises.
 """
 
 from __future__ import annotations
 
 import os
 
+ENABLE_ENV = "PRESCREEN"
+_TRUE = ("1", "true", "yes", "on")
+
+
+def enabled() -> bool:
+    """True when ``$PRESCREEN`` asks for the hooks."""
+    return os.environ.get(ENABLE_ENV, "").strip().lower() in _TRUE
+
 
 def autoload() -> None:
-    if os.environ.get("PRESCREEN", "").strip().lower() not in ("1", "true", "yes", "on"):
-        return
+    """Install the hooks (lazily) when ``PRESCREEN`` is set; otherwise do nothing."""
     try:
-        from hooks.activation import install
+        if not enabled():
+            return
+        from prescreen.hooks.activation import install
 
         install(lazy=True)
-    except Exception as exc:  # pragma: no cover - defensive
-        import logging
+    except Exception as exc:  # never fail ``import torch``
+        try:
+            import logging
 
-        logging.getLogger("prescreen.hooks").warning("prescreen: autoload failed (%r); hooks not installed", exc)
+            logging.getLogger("prescreen.hooks").warning("prescreen: autoload failed (%r); hooks not installed", exc)
+        except Exception:  # pragma: no cover - logging itself broken
+            pass

@@ -11,7 +11,7 @@ def prescreen_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwa
     """Install the hooks, then compile with Inductor exactly as ``backend="inductor"``."""
     from torch._inductor.compile_fx import compile_fx
 
-    from hooks.activation import install
+    from prescreen.hooks.activation import install
 
     install()
     return compile_fx(gm, example_inputs, **kwargs)

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from hooks import state
+from prescreen.hooks import state
 from prescreen.plan import KernelPlan
 from prescreen.service import lookup_or_decide
 

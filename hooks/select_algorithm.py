@@ -17,9 +17,9 @@ from typing import Any
 
 import sympy
 
-from hooks import state
 from prescreen.errors import NotBounded
 from prescreen.expr import Const, Expr, expr_from_sympy
+from prescreen.hooks import state
 from prescreen.plan import KernelPlan, TensorArg, WorkspaceArg
 from prescreen.service import lookup_or_decide
 

@@ -1,39 +1,63 @@
-"""prescreen: ahead-of-time pre-screening of Inductor autotune benchmark footprints."""
+"""prescreen: ahead-of-time pre-screening of Inductor autotune benchmark footprints.
+
+The public names are loaded on first use (PEP 562), so ``import prescreen`` and
+its entry points (``prescreen.hooks.autoload``, the CLI's ``--help``) cost only
+the standard library until something is actually asked for.
+"""
 
 from __future__ import annotations
 
-from prescreen.budget import Budget, device_memory, parse_memory, resolve_ratio
-from prescreen.decision import ESTIMATOR_VERSION, Decision, decide
-from prescreen.errors import ConfigError, NotBounded, Reason
-from prescreen.footprint import Footprint, estimate_footprint, required_storage_numel
-from prescreen.plan import KernelPlan
-from prescreen.representatives import Representatives, build_representatives
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "Budget": "prescreen.budget",
+    "device_memory": "prescreen.budget",
+    "parse_memory": "prescreen.budget",
+    "resolve_ratio": "prescreen.budget",
+    "ESTIMATOR_VERSION": "prescreen.decision",
+    "Decision": "prescreen.decision",
+    "decide": "prescreen.decision",
+    "ConfigError": "prescreen.errors",
+    "NotBounded": "prescreen.errors",
+    "Reason": "prescreen.errors",
+    "Footprint": "prescreen.footprint",
+    "estimate_footprint": "prescreen.footprint",
+    "required_storage_numel": "prescreen.footprint",
+    "KernelPlan": "prescreen.plan",
+    "Representatives": "prescreen.representatives",
+    "build_representatives": "prescreen.representatives",
+    "install": "prescreen.hooks.activation",
+    "uninstall": "prescreen.hooks.activation",
+    "installed": "prescreen.hooks.activation",
+}
 
 __all__ = [
     "Budget", "ConfigError", "Decision", "ESTIMATOR_VERSION", "Footprint", "KernelPlan", "NotBounded",
     "Reason", "Representatives", "build_representatives", "decide", "device_memory", "estimate_footprint",
-    "install", "uninstall", "installed", "parse_memory", "required_storage_numel", "resolve_ratio",
+    "install", "installed", "parse_memory", "required_storage_numel", "resolve_ratio", "uninstall",
 ]
 
-
-def install(**kwargs: object) -> None:
-    """Activate the torch.compile hooks (see ``hooks.activation.install``)."""
-    from hooks.activation import install as _install
-
-    _install(**kwargs)  # type: ignore[arg-type]
-
-
-def uninstall() -> None:
-    """Remove the torch.compile hooks, restoring upstream behaviour."""
-    from hooks.activation import uninstall as _uninstall
-
-    _uninstall()
+if TYPE_CHECKING:  # pragma: no cover - for type checkers only
+    from prescreen.budget import Budget, device_memory, parse_memory, resolve_ratio
+    from prescreen.decision import ESTIMATOR_VERSION, Decision, decide
+    from prescreen.errors import ConfigError, NotBounded, Reason
+    from prescreen.footprint import Footprint, estimate_footprint, required_storage_numel
+    from prescreen.hooks.activation import install, installed, uninstall
+    from prescreen.plan import KernelPlan
+    from prescreen.representatives import Representatives, build_representatives
 
 
-def installed(**kwargs: object) -> object:
-    """Context manager: hooks active inside the ``with`` block (same options as ``install``)."""
-    from hooks.activation import installed as _installed
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'prescreen' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
-    return _installed(**kwargs)
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -137,7 +137,7 @@ def warm_model(
     import torch
     from torch._inductor import config as inductor_settings
 
-    from hooks import activation, state
+    from prescreen.hooks import activation, state
 
     fn = load_target(target)
     resolve_ratio(ratio)  # a bad ratio is an error before any compile

@@ -13,7 +13,7 @@ pytestmark = [
 
 def test_tiny_ratio_falls_back_to_aten_and_matches_eager(tmp_path) -> None:
     import prescreen
-    from hooks import state
+    from prescreen.hooks import state
     from prescreen.store import DiskStore
 
     state.reset()

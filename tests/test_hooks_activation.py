@@ -11,7 +11,7 @@ import torch
 from torch._inductor.select_algorithm import AlgorithmSelectorCache
 
 import prescreen
-from hooks import activation, select_algorithm, state
+from prescreen.hooks import activation, select_algorithm, state
 
 CHECK = (
     "import torch, torch._inductor.select_algorithm as sa;"

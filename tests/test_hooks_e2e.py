@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 
 def _compile_in_new_process(cache: Path, memory: str, ratio: float) -> dict:
-    env = dict(os.environ, PRESCREEN_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT),
+    env = dict(os.environ, PRESCREEN_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT / "examples"),
                TORCHINDUCTOR_CACHE_DIR=str(cache.parent / "inductor"))
     proc = subprocess.run([sys.executable, str(ROOT / "tests/scripts/compile_once.py"), memory, str(ratio)],
                           env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
@@ -39,10 +39,10 @@ def test_second_process_reuses_first_process_decisions(tmp_path: Path) -> None:
 
 def test_tiny_ratio_forces_fallback_and_output_equals_eager(tmp_path: Path) -> None:
     import torch._inductor.config as ic
+    from tiny_models import block
 
     import prescreen
-    from examples.tiny_models import block
-    from hooks import state
+    from prescreen.hooks import state
     from prescreen.store import DiskStore
 
     state.reset()

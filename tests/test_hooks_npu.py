@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from strategies import plan_payloads, upstream_meta
 
-from hooks import npu, state
+from prescreen.hooks import npu, state
 from prescreen.service import COUNTERS
 from prescreen.store import DiskStore
 

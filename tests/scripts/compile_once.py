@@ -7,10 +7,10 @@ import sys
 
 import torch
 import torch._inductor.config as ic
+from tiny_models import mlp
 
 import prescreen
-from examples.tiny_models import mlp
-from hooks import state
+from prescreen.hooks import state
 from prescreen.service import OBSERVERS
 
 ic.freezing = True  # constant weights: the CPU GEMM template competes with ATen and is benchmarked

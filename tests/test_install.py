@@ -1,0 +1,128 @@
+"""prescreen as users install it: entry points under prescreen's namespace, ``import torch`` untouched.
+
+``make test`` installs the built wheel non-editable into a fresh venv and runs
+this file with ``python -P`` (the repository is not on ``sys.path``); the
+``PRESCREEN_TEST_INSTALLED=1`` it sets makes the first test insist on that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+import prescreen
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: What a process that did not opt in may load from prescreen during ``import torch``.
+AUTOLOAD_MODULES = {"prescreen", "prescreen.hooks", "prescreen.hooks.autoload"}
+
+
+def _run(code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -c code`` in ``cwd`` with ``cwd`` first on ``sys.path``, as ``python train.py`` has its folder."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("PRESCREEN") or k == "PRESCREEN_TEST_INSTALLED"}
+    full.pop("PYTHONSAFEPATH", None)
+    full["PYTHONPATH"] = str(cwd)
+    full.update(env)
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=full, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_tests_run_against_the_installed_wheel() -> None:
+    if os.environ.get("PRESCREEN_TEST_INSTALLED") != "1":
+        pytest.skip("not run by `make test` (which installs the wheel non-editable)")
+    import prescreen.hooks.activation as activation
+
+    for module in (prescreen, activation):
+        path = Path(module.__file__ or "").resolve()
+        assert "site-packages" in path.parts, path
+        assert not path.is_relative_to(ROOT / "prescreen") and not path.is_relative_to(ROOT / "hooks"), path
+
+
+def test_entry_points_name_prescreen_namespace_only() -> None:
+    for group in ("torch.backends", "torch_dynamo_backends"):
+        ours = [ep for ep in entry_points(group=group) if ep.name == "prescreen"]
+        assert ours, f"no prescreen entry point in {group}"
+        assert all(ep.value.startswith("prescreen.hooks.") for ep in ours), [ep.value for ep in ours]
+
+
+CHECK = """
+import sys, torch
+act = sys.modules.get("prescreen.hooks.activation")
+loaded = sorted(m for m in sys.modules if m == "prescreen" or m.startswith("prescreen."))
+print("RESULT " + __import__("json").dumps({"installed": bool(act and act.is_installed()), "loaded": loaded}))
+"""
+
+
+def _user_hooks(tmp_path: Path, layout: str) -> Path:
+    """A training repo with its own ``hooks`` module that must never be imported by ``import torch``."""
+    repo = tmp_path / layout
+    body = "raise RuntimeError('the user hooks module was imported by import torch')\n"
+    if layout == "module":
+        repo.mkdir()
+        (repo / "hooks.py").write_text(body)
+    else:
+        (repo / "hooks").mkdir(parents=True)
+        (repo / "hooks" / "__init__.py").write_text(body)
+    return repo
+
+
+@pytest.mark.parametrize("layout", ["module", "package"])
+@pytest.mark.parametrize("enable", ["", "1"])
+def test_import_torch_beside_a_user_hooks_module(tmp_path: Path, layout: str, enable: str) -> None:
+    repo = _user_hooks(tmp_path, layout)
+    env = {"PRESCREEN": enable} if enable else {}
+    proc = _run(CHECK, repo, **env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    assert result["installed"] is bool(enable)
+    if not enable:
+        assert set(result["loaded"]) <= AUTOLOAD_MODULES, result["loaded"]
+    # the user's own module still imports as theirs
+    mine = _run("import hooks", repo)
+    assert "the user hooks module was imported" in mine.stderr
+
+
+def test_autoload_imports_only_the_standard_library(tmp_path: Path) -> None:
+    code = """
+import sys
+before = set(sys.modules)
+from prescreen.hooks.autoload import autoload
+autoload()
+new = sorted(m for m in set(sys.modules) - before
+             if m.split(".")[0] not in sys.stdlib_module_names and m.split(".")[0] != "prescreen")
+extra = sorted(m for m in set(sys.modules) - before if m.startswith("prescreen") and m not in {mods})
+print("NEW", new, extra)
+""".replace("{mods}", repr(AUTOLOAD_MODULES))
+    proc = _run(code, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "NEW [] []", proc.stdout
+
+
+@pytest.mark.parametrize("env", [
+    {"PRESCREEN": "1", "PRESCREEN_MAX_BENCHMARK_MEMORY_RATIO": "abc"},
+    {"PRESCREEN": "1", "PRESCREEN_DEVICE_MEMORY": "lots"},
+    {"PRESCREEN": "1", "PRESCREEN_REDIS_URL": "notaurl"},
+    {"PRESCREEN": "1", "PRESCREEN_CACHE_DIR": "/proc/nope/cache"},
+])
+def test_import_torch_survives_bad_configuration(tmp_path: Path, env: dict[str, str]) -> None:
+    proc = _run("import torch; print('OK')", tmp_path, **env)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-3000:]
+
+
+def test_autoload_never_raises_even_if_install_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    import prescreen.hooks.activation as activation
+    from prescreen.hooks import autoload
+
+    def boom(**_: object) -> None:
+        raise RuntimeError("install exploded")
+
+    monkeypatch.setenv("PRESCREEN", "1")
+    monkeypatch.setattr(activation, "install", boom)
+    autoload.autoload()  # logs, does not raise
