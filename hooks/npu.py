@@ -5,20 +5,31 @@ Wraps ``NPUIndexTritonKernel._disable_grouped_autotune_if_benchmark_too_large``
 plan from ``inductor_meta``, looks the decision up by key (computing and storing
 it on a miss) and applies it as upstream does: a fallback calls the kernel's own
 ``_disable_grouped_autotune(inductor_meta, reason)``, after which upstream's
-codegen records ``enable_auto_blockify`` for dynamic kernels. Anything our side
-cannot handle calls the original method, so behaviour is never worse than upstream.
+codegen records ``enable_auto_blockify`` for dynamic kernels.
+
+Never weaker than torch_npu: the budget is read from the same objects the
+original method reads (its module's ``npu_config`` ratio and
+``torch.npu.get_device_properties(device).total_memory``), and prescreen's own
+ratio or device memory can only lower it. Anything prescreen cannot mirror
+exactly (a torch_npu release whose semantics it has not been checked against, a
+config value upstream would not accept, a payload upstream would read
+differently, any error) calls the original method instead.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
+import math
 import sys
 from collections.abc import Callable
 from typing import Any
 
+from prescreen.budget import Budget
 from prescreen.hooks import state
 from prescreen.plan import KernelPlan
+from prescreen.semantics import installed_npu_version, npu_semantics
 from prescreen.service import lookup_or_decide
 
 log = logging.getLogger("prescreen.hooks")
@@ -27,17 +38,95 @@ NPU_MODULE = "torch_npu._inductor.codegen.triton"
 NPU_CLASS = "NPUIndexTritonKernel"
 GUARD_METHOD = "_disable_grouped_autotune_if_benchmark_too_large"
 DISABLE_METHOD = "_disable_grouped_autotune"
+#: The attribute of torch_npu's Inductor config the original method reads.
+RATIO_ATTR = "symbolic_group_max_benchmark_memory_ratio"
 _ORIGINAL_ATTR = "_prescreen_original_guard"
 
 
+class Defer(Exception):
+    """prescreen cannot mirror torch_npu here; the original method decides."""
+
+
+def _upstream_globals(original: Callable[..., Any]) -> dict[str, Any]:
+    fn = inspect.unwrap(original)
+    return dict(getattr(fn, "__globals__", None) or {})
+
+
+def upstream_ratio(original: Callable[..., Any]) -> float:
+    """The ratio torch_npu's method will use: its ``npu_config`` object's, read now."""
+    config = _upstream_globals(original).get("npu_config")
+    value = getattr(config, RATIO_ATTR, None)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise Defer(f"npu_config.{RATIO_ATTR}={value!r} is not a number")
+    ratio = float(value)
+    if not math.isfinite(ratio) or not 0.0 < ratio <= 1.0:
+        raise Defer(f"npu_config.{RATIO_ATTR}={value!r} is outside (0, 1]")
+    return ratio
+
+
+def upstream_total_memory(original: Callable[..., Any], device: Any) -> int:
+    """The total memory torch_npu's method will use for ``device``."""
+    torch_mod = _upstream_globals(original).get("torch")
+    try:
+        total = int(torch_mod.npu.get_device_properties(device).total_memory)  # type: ignore[union-attr]
+    except Exception as exc:
+        raise Defer(f"torch.npu.get_device_properties({device!r}) failed: {exc!r}") from None
+    if total <= 0:
+        raise Defer(f"invalid NPU total memory {total}")
+    return total
+
+
+def _process_fraction(original: Callable[..., Any], device: Any) -> float:
+    """A ``set_per_process_memory_fraction`` cap, where torch.npu reports one (else 1.0)."""
+    torch_mod = _upstream_globals(original).get("torch")
+    getter = getattr(getattr(torch_mod, "npu", None), "get_per_process_memory_fraction", None)
+    if getter is None:
+        return 1.0
+    try:
+        fraction = float(getter(device))
+    except Exception:
+        return 1.0
+    return fraction if 0.0 < fraction < 1.0 else 1.0
+
+
+def npu_budget(original: Callable[..., Any], device: Any) -> Budget:
+    """torch_npu's own budget for ``device``, lowered (never raised) by prescreen's overrides.
+
+    The ratio is the config object's (set in code or from torch_npu's variable
+    when its config was imported), not the variable read now. A per-process
+    memory fraction lowers the total (the safe direction).
+    """
+    ratio = upstream_ratio(original)
+    total = upstream_total_memory(original, device)
+    own_ratio, own_memory = state.overrides()
+    if own_ratio is not None:
+        ratio = min(ratio, own_ratio)
+    if own_memory is not None:
+        total = min(total, own_memory)
+    fraction = _process_fraction(original, device)
+    if fraction < 1.0:
+        total = max(1, int(total * fraction))
+    return Budget("npu", total, ratio)
+
+
+def _check_semantics() -> None:
+    version = installed_npu_version()
+    if npu_semantics(version) is None:
+        raise Defer(f"torch_npu {version} is not a release whose grouped-footprint semantics prescreen mirrors")
+
+
 def guard(self: Any, inductor_meta: dict[str, Any], device: Any, original: Callable[..., Any]) -> None:
-    """Decide from the store; apply like upstream; on any error defer to ``original``."""
+    """Decide from the store; apply like upstream; wherever prescreen cannot mirror upstream, defer to it."""
     if not inductor_meta.get("group_enabled", False):
         return original(self, inductor_meta, device)
     try:
-        plan = KernelPlan.from_payload(inductor_meta)
-        budget = state.budget_for(device if device is not None else "npu")
+        _check_semantics()
+        budget = npu_budget(original, device)
+        plan = KernelPlan.from_payload(inductor_meta, unknown_keys="ignore")
         outcome = lookup_or_decide(plan, budget, state.get_store())
+    except Defer as exc:
+        state.log_once(f"npu-defer:{exc}", logging.INFO, "prescreen: %s; using torch_npu's own check", exc)
+        return original(self, inductor_meta, device)
     except Exception as exc:  # never break a compile: upstream decides instead
         state.log_once(f"npu-error:{type(exc).__name__}", logging.WARNING,
                        "prescreen: grouped-autotune guard could not decide (%s); using torch_npu's own check", exc)
@@ -89,6 +178,7 @@ def patch() -> bool:
 
 
 def unpatch() -> None:
+    """Restore torch_npu's original guard method, if it was patched."""
     module = sys.modules.get(NPU_MODULE)
     cls = getattr(module, NPU_CLASS, None) if module is not None else None
     if cls is not None:

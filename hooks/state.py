@@ -63,6 +63,19 @@ def budget_for(device: object) -> Budget:
     return Budget.for_device(device, _overrides.get("device_memory"), _overrides.get("ratio"))  # type: ignore[arg-type]
 
 
+def overrides() -> tuple[float | None, int | None]:
+    """prescreen's own (ratio, device memory) from ``configure`` or the environment; None where unset.
+
+    May raise ConfigError for a malformed environment value.
+    """
+    from prescreen.budget import memory_override, ratio_override
+
+    return (
+        ratio_override(_overrides.get("ratio")),  # type: ignore[arg-type]
+        memory_override(_overrides.get("device_memory")),  # type: ignore[arg-type]
+    )
+
+
 def log_once(key: str, level: int, msg: str, *args: object) -> None:
     """Log a decision diagnostic once per key per process."""
     with _lock:

@@ -72,6 +72,34 @@ def resolve_ratio(explicit: float | str | None = None) -> float:
     return DEFAULT_RATIO
 
 
+def ratio_override(explicit: float | str | None = None) -> float | None:
+    """prescreen's own ratio (explicit, else ``$PRESCREEN_MAX_BENCHMARK_MEMORY_RATIO``), or None.
+
+    Unlike :func:`resolve_ratio` this ignores torch_npu's variable: where
+    torch_npu is loaded its config object is the authority, and prescreen's
+    value may only lower the ratio it holds.
+    """
+    if explicit is not None:
+        return parse_ratio(explicit, "--ratio")
+    raw = os.environ.get(RATIO_ENV)
+    if raw is not None and raw.strip() != "":
+        return parse_ratio(raw, RATIO_ENV)
+    return None
+
+
+def memory_override(explicit: str | int | None = None) -> int | None:
+    """prescreen's own device memory (explicit, else ``$PRESCREEN_DEVICE_MEMORY``), or None."""
+    if explicit is not None:
+        return parse_memory(explicit)
+    env = os.environ.get(MEMORY_ENV)
+    if env:
+        try:
+            return parse_memory(env)
+        except ConfigError as exc:
+            raise ConfigError(f"{MEMORY_ENV}: {exc}") from None
+    return None
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class DeviceMemory:
     """The device a decision is for: kind (cuda, npu, cpu) and total bytes."""

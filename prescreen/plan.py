@@ -19,6 +19,18 @@ from prescreen.expr import Expr, expr_from_payload, expr_to_payload
 FeatureSource = Literal["primary_axis", "outer_product", "reduction_product", "axis"]
 FEATURE_SOURCES: tuple[str, ...] = get_args(FeatureSource)
 
+#: The keys torch_npu always writes for a grouped kernel; a plan without one is invalid.
+PLAN_KEYS: tuple[str, ...] = (
+    "group_features", "axis_names", "axis_static_values", "ordered_arg_specs", "mutated_arg_names",
+)
+
+#: Other ``inductor_meta`` keys torch_npu writes beside the plan (accepted and ignored in plan files).
+NPU_META_KEYS: frozenset[str] = frozenset({
+    "kernel_name", "group_enabled", "group_template", "group_workload", "primary_group_axis",
+    "static_split_axes", "secondary_runtime_symbolic_axes", "runtime_block_arg_names",
+    "tensor_arg_specs", "size_arg_specs", "workspace_arg_specs", "extra_launcher_arg_specs",
+})
+
 #: kernel_name values Inductor writes before the real name is known.
 _NAME_PLACEHOLDERS = ("KERNEL_NAME", "DESCRIPTIVE_NAME", "")
 
@@ -223,18 +235,32 @@ class KernelPlan:
         return has_dynamic_axis(self.axis_names, self.axis_static_values)
 
     @staticmethod
-    def from_payload(payload: Mapping[str, object]) -> "KernelPlan":
-        """Validate and convert an ``inductor_meta``-shaped dict."""
+    def from_payload(payload: Mapping[str, object], *, unknown_keys: Literal["reject", "ignore"] = "reject") -> "KernelPlan":
+        """Validate and convert an ``inductor_meta``-shaped dict.
+
+        Every key of ``PLAN_KEYS`` must be present (torch_npu always writes them;
+        a missing one would otherwise read as an empty plan that tunes). Other
+        keys are rejected by name unless torch_npu writes them beside the plan
+        (``NPU_META_KEYS``); ``unknown_keys="ignore"`` accepts any (the hook
+        sees a whole ``inductor_meta``).
+        """
         m = _map(payload, "plan")
+        missing = [k for k in PLAN_KEYS if k not in m]
+        if missing:
+            raise _bad(f"plan is missing {', '.join(map(repr, missing))} (torch_npu always writes {', '.join(PLAN_KEYS)})")
+        if unknown_keys == "reject":
+            unknown = sorted(str(k) for k in m if k not in PLAN_KEYS and k not in NPU_META_KEYS)
+            if unknown:
+                raise _bad(f"plan has unknown key(s) {', '.join(map(repr, unknown))}")
         features = tuple(
             GroupFeature.from_payload(f, f"group_features[{i}]")
-            for i, f in enumerate(_seq(m.get("group_features", ()), "group_features"))
+            for i, f in enumerate(_seq(m["group_features"], "group_features"))
         )
-        axis_names = tuple(_str(a, "axis_names[]") for a in _seq(m.get("axis_names", ()), "axis_names"))
+        axis_names = tuple(_str(a, "axis_names[]") for a in _seq(m["axis_names"], "axis_names"))
         statics: list[tuple[str, int]] = []
-        raw_statics = m.get("axis_static_values", ())
-        if isinstance(raw_statics, Mapping):
-            raw_statics = list(raw_statics.items())
+        raw_statics = m["axis_static_values"]
+        if isinstance(raw_statics, Mapping):  # torch_npu writes pairs; it would iterate a mapping's keys
+            raise _bad(f"axis_static_values must be a list of [name, value] pairs, got a mapping {dict(raw_statics)!r}")
         for i, item in enumerate(_seq(raw_statics, "axis_static_values")):
             pair = _seq(item, f"axis_static_values[{i}]")
             if len(pair) != 2:
@@ -242,9 +268,9 @@ class KernelPlan:
             statics.append((_str(pair[0], f"axis_static_values[{i}][0]"), _int(pair[1], f"axis_static_values[{i}][1]")))
         args = tuple(
             arg_from_payload(a, f"ordered_arg_specs[{i}]")
-            for i, a in enumerate(_seq(m.get("ordered_arg_specs", ()), "ordered_arg_specs"))
+            for i, a in enumerate(_seq(m["ordered_arg_specs"], "ordered_arg_specs"))
         )
-        mutated = tuple(_str(n, "mutated_arg_names[]") for n in _seq(m.get("mutated_arg_names", ()), "mutated_arg_names"))
+        mutated = tuple(_str(n, "mutated_arg_names[]") for n in _seq(m["mutated_arg_names"], "mutated_arg_names"))
         name = m.get("kernel_name", "")
         return KernelPlan(
             group_features=features,

@@ -17,14 +17,18 @@ Usage from a test::
 
 from __future__ import annotations
 
+import ast
 import atexit
 import functools
 import importlib.util
+import logging
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
+import types
 import zipfile
 from pathlib import Path
 from types import ModuleType
@@ -150,3 +154,67 @@ def load_upstream_symbolic_grouping() -> ModuleType:
         sys.modules.pop(MODULE_NAME, None)
         raise
     return module
+
+
+#: The NPU kernel class and the methods of it the hook wraps.
+NPU_CLASS = "NPUIndexTritonKernel"
+GUARD_METHODS = ("_disable_grouped_autotune_if_benchmark_too_large", "_disable_grouped_autotune")
+
+
+def _top_level_source(source: str, names: set[str]) -> str:
+    """The top-level function definitions and assignments named in ``names``, as source."""
+    tree = ast.parse(source)
+    parts = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in names:
+            parts.append(ast.get_source_segment(source, node))
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in names for t in node.targets):
+            parts.append(ast.get_source_segment(source, node))
+    return "\n\n".join(p for p in parts if p)
+
+
+def import_upstream_npu_config() -> types.SimpleNamespace:
+    """torch_npu's Inductor config ratio, computed as importing ``torch_npu._inductor.config`` does now.
+
+    The config module needs CANN to import as a whole; its env parser and the
+    ``symbolic_group_max_benchmark_memory_ratio`` assignment are executed
+    from the wheel's source, so the variable is read once, at this "import".
+    """
+    source = upstream_source(NPU_CONFIG)
+    code = _top_level_source(source, {"_parse_float_env", "symbolic_group_max_benchmark_memory_ratio"})
+    namespace: dict[str, object] = {"os": os, "log": logging.getLogger("upstream.config")}
+    exec(code, namespace)  # noqa: S102 - the wheel's own code, run as torch_npu runs it
+    return types.SimpleNamespace(symbolic_group_max_benchmark_memory_ratio=namespace[
+        "symbolic_group_max_benchmark_memory_ratio"])
+
+
+def upstream_kernel_class(total_memory: dict[str, int], config: object) -> tuple[type, dict[str, object]]:
+    """A class with torch_npu's own guard methods, executed from the wheel with its ``symbolic_grouping``.
+
+    ``torch.npu.get_device_properties`` reports ``total_memory["total"]``; the
+    methods read ``npu_config`` from the returned namespace (swap it to change
+    the config object they see).
+    """
+    grouping = load_upstream_symbolic_grouping()
+    source = upstream_source(CODEGEN_TRITON)
+    tree = ast.parse(source)
+    cls_node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == NPU_CLASS)
+    fake_torch = types.SimpleNamespace(npu=types.SimpleNamespace(
+        get_device_properties=lambda _d: types.SimpleNamespace(total_memory=total_memory["total"])))
+    namespace: dict[str, object] = {
+        "build_group_representatives": grouping.build_group_representatives,
+        "estimate_grouped_benchmark_footprint": grouping.estimate_grouped_benchmark_footprint,
+        "UnsupportedGroupedPlan": grouping.UnsupportedGroupedPlan,
+        "torch": fake_torch,
+        "npu_config": config,
+        "log": logging.getLogger("upstream"),
+    }
+    body = {}
+    for fn in cls_node.body:
+        if isinstance(fn, ast.FunctionDef) and fn.name in GUARD_METHODS:
+            exec(textwrap.dedent(ast.get_source_segment(source, fn, padded=True) or ""), namespace)  # noqa: S102
+            body[fn.name] = namespace[fn.name]
+    missing = set(GUARD_METHODS) - set(body)
+    if missing:
+        raise WheelUnavailable(f"{NPU_CLASS} in the wheel lacks {sorted(missing)}")
+    return type("UpstreamKernel", (), body), namespace

@@ -10,10 +10,7 @@ kernel must leave exactly the meta upstream leaves.
 
 from __future__ import annotations
 
-import ast
 import copy
-import logging
-import textwrap
 import types
 
 import npu_wheel
@@ -34,29 +31,8 @@ RATIO = 0.25
 def upstream_kernel_cls() -> type:
     if npu_wheel.npu_wheel_path() is None:
         pytest.skip(npu_wheel.unavailable_reason())
-    grouping = npu_wheel.load_upstream_symbolic_grouping()
-    tree = ast.parse(npu_wheel.upstream_source(npu_wheel.CODEGEN_TRITON))
-    cls_node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == npu.NPU_CLASS)
-    wanted = {npu.GUARD_METHOD, npu.DISABLE_METHOD}
-    fake_torch = types.SimpleNamespace(
-        npu=types.SimpleNamespace(get_device_properties=lambda _d: types.SimpleNamespace(total_memory=_MEMORY["total"]))
-    )
-    namespace: dict[str, object] = {
-        "build_group_representatives": grouping.build_group_representatives,
-        "estimate_grouped_benchmark_footprint": grouping.estimate_grouped_benchmark_footprint,
-        "UnsupportedGroupedPlan": grouping.UnsupportedGroupedPlan,
-        "torch": fake_torch,
-        "npu_config": types.SimpleNamespace(symbolic_group_max_benchmark_memory_ratio=RATIO),
-        "log": logging.getLogger("upstream"),
-    }
-    body = {}
-    source = npu_wheel.upstream_source(npu_wheel.CODEGEN_TRITON)
-    for fn in cls_node.body:
-        if isinstance(fn, ast.FunctionDef) and fn.name in wanted:
-            exec(textwrap.dedent(ast.get_source_segment(source, fn, padded=True)), namespace)  # noqa: S102
-            body[fn.name] = namespace[fn.name]
-    assert set(body) == wanted, f"upstream class lacks {wanted - set(body)}"
-    return type("UpstreamKernel", (), body)
+    cls, _ = npu_wheel.upstream_kernel_class(_MEMORY, types.SimpleNamespace(symbolic_group_max_benchmark_memory_ratio=RATIO))
+    return cls
 
 
 @pytest.fixture()

@@ -86,10 +86,40 @@ def test_is_dynamic_and_placeholder_names() -> None:
     assert plan.display_name == "<unnamed>"
 
 
-def test_static_values_accept_a_mapping() -> None:
+def test_static_values_as_a_mapping_are_rejected() -> None:
+    # torch_npu iterates whatever it gets as (name, value) pairs: a mapping's keys,
+    # not its items. prescreen cannot mirror that, so it refuses (the hook defers).
     meta = upstream_meta()
     meta["axis_static_values"] = {"x0": 4}
-    assert KernelPlan.from_payload(meta).axis_static_values == (("x0", 4),)
+    with pytest.raises(NotBounded, match="axis_static_values must be a list of .* got a mapping"):
+        KernelPlan.from_payload(meta)
+
+
+@pytest.mark.parametrize("missing", ["group_features", "axis_names", "axis_static_values", "ordered_arg_specs",
+                                     "mutated_arg_names"])
+def test_a_plan_missing_a_key_torch_npu_always_writes_is_invalid(missing: str) -> None:
+    meta = upstream_meta()
+    del meta[missing]
+    with pytest.raises(NotBounded, match=f"plan is missing '{missing}'"):
+        KernelPlan.from_payload(meta)
+    with pytest.raises(NotBounded, match=f"plan is missing '{missing}'"):
+        KernelPlan.from_payload(meta, unknown_keys="ignore")
+
+
+def test_a_kernel_name_alone_is_not_a_plan() -> None:
+    with pytest.raises(NotBounded, match="plan is missing 'group_features', 'axis_names'"):
+        KernelPlan.from_payload({"kernel_name": "k"})
+
+
+def test_unknown_keys_are_rejected_by_name_unless_ignored() -> None:
+    meta = upstream_meta()
+    meta["ordered_arg_spec"] = meta["ordered_arg_specs"]
+    with pytest.raises(NotBounded, match="unknown key\\(s\\) 'ordered_arg_spec'"):
+        KernelPlan.from_payload(meta)
+    assert KernelPlan.from_payload(meta, unknown_keys="ignore").args == KernelPlan.from_payload(upstream_meta()).args
+    meta = upstream_meta()
+    meta.update(group_enabled=True, group_template="pointwise")  # what torch_npu writes beside the plan
+    KernelPlan.from_payload(meta)
 
 
 @pytest.mark.parametrize(
