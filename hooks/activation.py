@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Iterator
 from types import ModuleType
@@ -14,10 +16,32 @@ from prescreen.store.base import Store
 log = logging.getLogger("prescreen.hooks")
 
 ENABLE_ENV = "PRESCREEN"
+VERBOSE_ENV = "PRESCREEN_VERBOSE"
 SELECT_MODULE = "torch._inductor.select_algorithm"
 
 _lock = threading.RLock()
 _active = False
+_summary_registered = False
+
+
+def verbose() -> bool:
+    """True when ``$PRESCREEN_VERBOSE`` asks for the exit summary."""
+    return os.environ.get(VERBOSE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def summary_line() -> str:
+    """One line: what the guards did in this process."""
+    c = state.counters()
+    return (f"prescreen: {c.lookups} lookups, {c.hits} store hits, {c.estimator_calls} computed, "
+            f"{c.fell_back} fallbacks, {c.seconds * 1000:.1f} ms in prescreen")
+
+
+def _log_summary() -> None:
+    try:
+        if verbose():
+            log.info("%s", summary_line())
+    except Exception:  # pragma: no cover - logging at exit must never raise
+        pass
 
 
 def _patch_select(_module: ModuleType) -> None:
@@ -52,6 +76,18 @@ def install(
         import_hook.when_imported(SELECT_MODULE, _patch_select)
         import_hook.when_imported(npu.NPU_MODULE, _patch_npu)
         _active = True
+        _announce(lazy)
+
+
+def _announce(lazy: bool) -> None:
+    """One INFO line saying the guards are on (and where decisions are stored); the exit summary if verbose."""
+    global _summary_registered
+    log.info("prescreen: guards installed (Inductor algorithm selection and torch_npu grouped autotune%s)%s",
+             ", patched when first imported" if lazy else "",
+             "" if verbose() else f"; {VERBOSE_ENV}=1 logs a summary at exit")
+    if not _summary_registered:
+        atexit.register(_log_summary)
+        _summary_registered = True
 
 
 def uninstall() -> None:
@@ -70,12 +106,26 @@ def is_installed() -> bool:
 
 
 @contextlib.contextmanager
-def installed(**kwargs: object) -> Iterator[None]:
-    """Hooks active inside the block; left as they were found afterwards."""
-    was_active = is_installed()
-    install(**kwargs)  # type: ignore[arg-type]
+def installed(
+    *,
+    store: Store | None = None,
+    device_memory: str | int | None = None,
+    ratio: float | None = None,
+    lazy: bool = False,
+) -> Iterator[None]:
+    """Hooks active inside the block; afterwards everything is exactly as it was (overrides and store too).
+
+    ``torch.compile`` compiles at the first call, so call the compiled model
+    inside the block for the compile to be guarded.
+    """
+    with _lock:
+        was_active = is_installed()
+        saved = state.snapshot()
+        install(store=store, device_memory=device_memory, ratio=ratio, lazy=lazy)
     try:
         yield
     finally:
-        if not was_active:
-            uninstall()
+        with _lock:
+            if not was_active:
+                uninstall()
+            state.restore(saved)

@@ -31,6 +31,26 @@ def configure(*, store: Store | None = None, device_memory: str | int | None = N
             _overrides["ratio"] = ratio
 
 
+Snapshot = tuple[Store | None, bool, bool, dict[str, object]]
+
+
+def snapshot() -> Snapshot:
+    """The store and overrides as they are now (for ``installed()`` to restore)."""
+    with _lock:
+        return _store, _store_opened, _store_owned, dict(_overrides)
+
+
+def restore(saved: Snapshot) -> None:
+    """Put back a :func:`snapshot`; closes a store opened since that the snapshot does not hold."""
+    global _store, _store_opened, _store_owned
+    with _lock:
+        if _store is not None and _store_owned and _store is not saved[0]:
+            _store.close()
+        _store, _store_opened, _store_owned = saved[0], saved[1], saved[2]
+        _overrides.clear()
+        _overrides.update(saved[3])
+
+
 def reset() -> None:
     """Forget the store and overrides (the next lookup reopens from the environment)."""
     global _store, _store_opened, _store_owned

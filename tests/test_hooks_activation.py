@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import subprocess
 import sys
 import threading
 
+import pytest
 import torch
 from torch._inductor.select_algorithm import AlgorithmSelectorCache
 
@@ -130,3 +133,119 @@ def test_broken_store_still_decides(monkeypatch) -> None:
     monkeypatch.setattr(store_mod, "open_store", unopenable)
     assert state.get_store() is None
     state.reset()
+
+
+@pytest.mark.parametrize(("mode", "options"), [
+    ("max-autotune", None),
+    ("max-autotune-no-cudagraphs", None),
+    (None, {"max_autotune": True}),
+    ("default", None),
+])
+def test_backend_accepts_what_inductor_accepts(mode, options) -> None:
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: torch.relu(x) * 2, backend="prescreen", mode=mode, options=options)
+    x = torch.randn(7)
+    torch.testing.assert_close(fn(x), torch.relu(x) * 2)
+    assert activation.is_installed()
+    prescreen.uninstall()
+
+
+def test_backend_applies_mode_and_options_like_inductor(monkeypatch) -> None:
+    from torch._inductor import compile_fx
+
+    from prescreen.hooks import backend
+
+    seen = []
+    real = compile_fx.compile_fx
+
+    def spy(gm, inputs, **kwargs):
+        seen.append(kwargs.get("config_patches"))
+        return real(gm, inputs, **kwargs)
+
+    monkeypatch.setattr(compile_fx, "compile_fx", spy)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: x + 1, backend="prescreen", options={"max_autotune": True, "freezing": True})
+    fn(torch.randn(3))
+    assert seen and seen[0]["max_autotune"] is True and seen[0]["freezing"] is True
+    assert backend.autotuning_on(seen[0])
+    prescreen.uninstall()
+
+
+def test_backend_rejects_an_unknown_option_like_inductor() -> None:
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: x + 1, backend="prescreen", options={"no_such_option": 1})
+    with pytest.raises(Exception, match="no_such_option"):
+        fn(torch.randn(3))
+    prescreen.uninstall()
+
+
+def test_backend_says_once_that_nothing_is_guarded_without_max_autotune(caplog) -> None:
+    from prescreen.hooks import state
+
+    state.reset()
+    torch._dynamo.reset()
+    with caplog.at_level(logging.INFO, logger="prescreen.hooks"):
+        fn = torch.compile(lambda x: x * 3, backend="prescreen")
+        fn(torch.randn(3))
+        fn(torch.randn(3, 2))
+    notes = [r for r in caplog.records if "guards nothing" in r.getMessage()]
+    assert len(notes) == 1
+    prescreen.uninstall()
+
+
+def test_installed_restores_the_exact_previous_overrides(tmp_path) -> None:
+    from prescreen.store import DiskStore
+
+    state.reset()
+    prescreen.install(ratio=0.5)
+    before = state.snapshot()
+    with prescreen.installed(device_memory=64 * 1024, ratio=0.1, store=DiskStore(tmp_path / "s")):
+        assert state.overrides() == (0.1, 64 * 1024)
+    assert state.snapshot() == before
+    assert state.overrides() == (0.5, None)
+    prescreen.uninstall()
+    state.reset()
+    with prescreen.installed(device_memory=64 * 1024):
+        pass
+    prescreen.install()
+    assert state.overrides() == (None, None), "a 64 KiB device memory survived the with block"
+    prescreen.uninstall()
+    state.reset()
+
+
+def test_readme_installed_example_guards_the_compile(tmp_path, monkeypatch) -> None:
+    """The README's ``with prescreen.installed(...)`` example, as written, makes guarded decisions."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = re.search(r"```python\n(import prescreen\n.*?)```", readme, re.S)
+    assert block, "README lost its Inside torch.compile example"
+    code = block.group(1)
+    monkeypatch.setenv("PRESCREEN_CACHE_DIR", str(tmp_path / "store"))
+    state.reset()
+    torch._dynamo.reset()
+    lookups = state.counters().lookups
+    import torch._inductor.config as ic
+
+    from tiny_models import mlp
+
+    with ic.patch(freezing=True, fx_graph_cache=False), torch.no_grad():
+        model, (x,) = mlp()
+        namespace = {"torch": torch, "model": model, "x": x}
+        exec(code, namespace)  # noqa: S102 - the README's own example
+    assert state.counters().lookups > lookups, "the README example compiled nothing under the guards"
+    prescreen.uninstall()
+    state.reset()
+    torch._dynamo.reset()
+
+
+def test_install_logs_one_info_line_and_verbose_exit_summary(tmp_path) -> None:
+    code = ("import logging, torch, prescreen; logging.basicConfig(level=logging.INFO, format='%(message)s'); "
+            "prescreen.install(); prescreen.install()")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRESCREEN")}
+    env.update(PRESCREEN_CACHE_DIR=str(tmp_path), PRESCREEN_VERBOSE="1")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("prescreen: guards installed") == 1, proc.stderr
+    assert re.search(r"prescreen: \d+ lookups, \d+ store hits, \d+ computed, \d+ fallbacks", proc.stderr), proc.stderr
