@@ -227,7 +227,6 @@ def test_readme_installed_example_guards_the_compile(tmp_path, monkeypatch) -> N
     torch._dynamo.reset()
     lookups = state.counters().lookups
     import torch._inductor.config as ic
-
     from tiny_models import mlp
 
     with ic.patch(freezing=True, fx_graph_cache=False), torch.no_grad():
