@@ -9,12 +9,14 @@ A bare int is accepted as a constant.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Mapping
-from typing import Union
-
-import sympy
+from typing import TYPE_CHECKING, Union
 
 from prescreen.errors import NotBounded, Reason
+
+if TYPE_CHECKING:  # pragma: no cover
+    import sympy
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,8 +55,14 @@ Expr = Union[Const, Axis, RuntimeArg, Mul, Add, FloorDiv]
 _NARY = {"mul": Mul, "add": Add}
 
 
+def _is_sympy_integer(value: object) -> bool:
+    """A sympy Integer, without importing sympy: if it is not loaded, nothing is one (reading a store stays fast)."""
+    loaded = sys.modules.get("sympy")
+    return loaded is not None and isinstance(value, loaded.Integer)
+
+
 def _int(value: object, what: str) -> int:
-    if isinstance(value, sympy.Integer):
+    if _is_sympy_integer(value):
         return int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise NotBounded(Reason.UNKNOWN_EXPR, f"{what} must be an int, got {value!r}")
@@ -65,7 +73,7 @@ def expr_from_payload(payload: object) -> Expr:
     """Parse one payload expression; an unknown node raises ``NotBounded``."""
     if isinstance(payload, int) and not isinstance(payload, bool):
         return Const(int(payload))
-    if isinstance(payload, sympy.Integer):
+    if _is_sympy_integer(payload):
         return Const(int(payload))
     if not isinstance(payload, Mapping) or len(payload) != 1:
         raise NotBounded(Reason.UNKNOWN_EXPR, f"unsupported expression node {payload!r}")
@@ -159,6 +167,8 @@ def expr_from_sympy(
     symbols bound only at run time to their argument index. Anything else
     (``Mod``, ``Max``, a non-integer power, rationals) raises ``NotBounded``.
     """
+    import sympy
+
     if isinstance(expr, bool):
         raise NotBounded(Reason.UNKNOWN_EXPR, f"unsupported sympy node {expr!r}")
     if isinstance(expr, int):

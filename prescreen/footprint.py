@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import functools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Union
 
-import torch
+import numpy as np
 
 from prescreen.errors import NotBounded, Reason
-from prescreen.expr import evaluate, free_axes
+from prescreen.expr import Add, Axis, Const, Expr, FloorDiv, Mul, evaluate
 from prescreen.plan import KernelPlan, SizeArg, TensorArg, WorkspaceArg
-from prescreen.representatives import Representatives
+from prescreen.representatives import Group, GroupGrid, Representatives
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -91,19 +94,31 @@ def required_storage_numel(size: Sequence[int], stride: Sequence[int]) -> int:
     return 1 + sum((d - 1) * s for d, s in zip(size, stride))
 
 
+@functools.lru_cache(maxsize=256)
+def _dtype_info(name: str) -> tuple[str, int] | None:
+    import torch  # here, not at module level: reading a store (inspect, stats) never needs torch
+
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        return None
+    return str(dtype), int(dtype.itemsize)
+
+
 def dtype_itemsize(name: str) -> int:
     """Item size of a dtype named like ``torch.float16`` or ``float16``."""
-    dtype = getattr(torch, name.removeprefix("torch."), None) if isinstance(name, str) else None
-    if not isinstance(dtype, torch.dtype):
+    info = _dtype_info(name) if isinstance(name, str) else None
+    if info is None:
         raise NotBounded(Reason.UNKNOWN_DTYPE, f"unknown dtype {name!r}")
-    return int(dtype.itemsize)
+    return info[1]
 
 
 def _canonical_dtype(name: str) -> str:
-    return str(getattr(torch, name.removeprefix("torch.")))
+    info = _dtype_info(name)
+    assert info is not None  # only called after dtype_itemsize accepted the name
+    return info[0]
 
 
-def _arg_bytes(arg: TensorArg | WorkspaceArg, env: dict[str, int]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+def _arg_bytes(arg: TensorArg | WorkspaceArg, env: Mapping[str, int]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     """Size, stride and bytes of one benchmark argument at one group's axis values."""
     if isinstance(arg, TensorArg):
         size = tuple(evaluate(e, env) for e in arg.size)
@@ -115,39 +130,31 @@ def _arg_bytes(arg: TensorArg | WorkspaceArg, env: dict[str, int]) -> tuple[tupl
     return (count,), (1,), count * dtype_itemsize(arg.dtype)
 
 
-def _axes_of(arg: TensorArg | WorkspaceArg) -> tuple[str, ...]:
-    exprs = (*arg.size, *arg.stride) if isinstance(arg, TensorArg) else (arg.count,)
-    return tuple(sorted(frozenset().union(*(free_axes(e) for e in exprs))))
-
-
-def estimate_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
-    """Estimate the bytes the grouped autotune benchmark synthesizes; fails closed.
-
-    An argument's bytes depend only on the axes its expressions name, so they
-    are computed once per distinct value of those axes and reused across
-    groups (most groups differ in axes a given argument does not use). Groups
-    and arguments are still visited in order, so the first failure, the
-    dominant argument and every tie are exactly those of a plain loop.
-    """
-    mutated = set(plan.mutated_arg_names)
+def _benchmark_args(plan: KernelPlan) -> list[TensorArg | WorkspaceArg]:
     args = [a for a in plan.args if not isinstance(a, SizeArg)]
     for arg in args:
         if not isinstance(arg, (TensorArg, WorkspaceArg)):  # pragma: no cover - the plan model admits nothing else
             raise NotBounded(Reason.INVALID_PLAN, f"unsupported arg {arg!r}")
-    axes = [_axes_of(a) for a in args]
-    memo: list[dict[tuple[int | None, ...], tuple[tuple[int, ...], tuple[int, ...], int]]] = [{} for _ in args]
+    return args
+
+
+def reference_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
+    """The plain loop, group by group and argument by argument (torch_npu's algorithm).
+
+    ``estimate_footprint`` gives exactly this result (or raises exactly this
+    error) faster; this one is kept as its specification, for tests, and for
+    representatives whose groups are not a grid.
+    """
+    mutated = set(plan.mutated_arg_names)
+    args = _benchmark_args(plan)
     synthetic = peak_clone = 0
     group_bytes: list[tuple[int, int]] = []
     dominant: ArgFootprint | None = None
     for group in reps.groups:
         env = dict(group.axis_values)
         current = current_mutated = 0
-        for i, arg in enumerate(args):
-            key = tuple(env.get(a) for a in axes[i])
-            hit = memo[i].get(key)
-            if hit is None:
-                hit = memo[i][key] = _arg_bytes(arg, env)
-            size, stride, nbytes = hit
+        for arg in args:
+            size, stride, nbytes = _arg_bytes(arg, env)
             current += nbytes
             if arg.name in mutated:
                 current_mutated += nbytes
@@ -160,3 +167,250 @@ def estimate_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
         peak_clone = max(peak_clone, current_mutated)
     largest = max(group_bytes, key=lambda item: item[1])[0] if group_bytes else None
     return Footprint(synthetic, peak_clone, synthetic + peak_clone, tuple(group_bytes), largest, dominant)
+
+
+# --- The vectorized estimator --------------------------------------------------------------------
+#
+# Every axis value of a group is set by at most one feature (or is the same in
+# every group), so an argument's bytes depend only on the features its axes
+# belong to. Each expression is evaluated once over those features' choices,
+# as a numpy array shaped like the group grid with length 1 along every other
+# feature; numpy broadcasting then gives per-group totals, and a sum over the
+# grid is an array's sum times the number of groups it is repeated over.
+# Python ints stay exact: values are int64 only when an upper bound of every
+# intermediate value, and of the sum over all groups, fits; otherwise the same
+# code runs on arrays of Python ints (dtype=object).
+
+_INT64_LIMIT = 2**62
+
+Column = Union[int, "np.ndarray[Any, Any]"]
+
+
+class _Fails(Exception):
+    """This argument fails to evaluate at every group (runtime arg, missing axis, unknown node...)."""
+
+
+class _Overflow(Exception):
+    """Some value may not fit in int64: evaluate this plan with Python ints."""
+
+
+@dataclasses.dataclass(slots=True)
+class _Layout:
+    """The reachable groups as a grid: axis values per choice, group ids, and each group's env."""
+
+    shape: tuple[int, ...]
+    columns: dict[str, tuple[int | None, tuple[int, ...]]]  # axis -> (grid dim or None, values)
+    group_ids: Sequence[int]
+    env_at: Callable[[int], dict[str, int]]
+
+
+def _grid_layout(grid: GroupGrid) -> _Layout:
+    ndim = len(grid.features)
+    columns: dict[str, tuple[int | None, tuple[int, ...]]] = {}
+    for name, (feature, values) in grid.axis_value_table().items():
+        if feature is None or len(set(values)) == 1:
+            columns[name] = (None, values[:1])
+        else:
+            columns[name] = (ndim - 1 - feature, values)
+    return _Layout(grid.shape, columns, grid.group_ids(), lambda i: dict(grid.group_at(i).axis_values))
+
+
+def _generic_layout(groups: Sequence[Group]) -> _Layout | None:
+    """One grid dimension over the groups themselves; None when groups name different axes."""
+    envs = [dict(g.axis_values) for g in groups]
+    names = set(envs[0])
+    if any(set(env) != names for env in envs):
+        return None
+    columns: dict[str, tuple[int | None, tuple[int, ...]]] = {}
+    for name in names:
+        values = tuple(int(env[name]) for env in envs)
+        columns[name] = (None, values[:1]) if len(set(values)) == 1 else (0, values)
+    return _Layout((len(groups),), columns, [g.group_id for g in groups], lambda i: envs[i])
+
+
+class _Evaluator:
+    """Evaluates expressions over a layout; records where floordiv meets zero."""
+
+    def __init__(self, layout: _Layout, exact: bool) -> None:
+        self.exact = exact
+        self.dtype: Any = object if exact else np.int64
+        self.cols: dict[str, tuple[Column, int]] = {}
+        ndim = len(layout.shape)
+        for name, (dim, values) in layout.columns.items():
+            bound = max(abs(v) for v in values)
+            if dim is None:
+                self.cols[name] = (values[0], bound)
+            else:
+                if not exact and bound >= _INT64_LIMIT:
+                    raise _Overflow
+                shape = [1] * ndim
+                shape[dim] = len(values)
+                self.cols[name] = (np.array(values, dtype=self.dtype).reshape(shape), bound)
+        self.fail: Column = False  # per-element failure mask of the current argument
+
+    def check(self, bound: int) -> int:
+        if not self.exact and bound >= _INT64_LIMIT:
+            raise _Overflow
+        return bound
+
+    def ev(self, expr: Expr) -> tuple[Column, int]:
+        """Value (an int, or an array broadcastable over the grid) and a bound of its magnitude."""
+        kind = type(expr)
+        if kind is Const:
+            v = expr.value  # type: ignore[union-attr]
+            return v, self.check(abs(v))
+        if kind is Axis:
+            hit = self.cols.get(expr.name)  # type: ignore[union-attr]
+            if hit is None:
+                raise _Fails
+            return hit
+        if kind is Mul or kind is Add:
+            operands = expr.operands  # type: ignore[union-attr]
+            value, bound = self.ev(operands[0])
+            if kind is Mul:
+                for operand in operands[1:]:
+                    v, b = self.ev(operand)
+                    bound = self.check(bound * b)
+                    value = value * v
+            else:
+                for operand in operands[1:]:
+                    v, b = self.ev(operand)
+                    bound = self.check(bound + b)
+                    value = value + v
+            return value, bound
+        if kind is FloorDiv:
+            num, bound = self.ev(expr.numerator)  # type: ignore[union-attr]
+            den, _ = self.ev(expr.denominator)  # type: ignore[union-attr]
+            if isinstance(den, int):
+                if den == 0:
+                    raise _Fails
+                return num // den, bound
+            zero = den == 0
+            if zero.any():
+                self.fail = self.fail | zero
+                den = np.where(zero, 1, den)
+            return num // den, bound
+        raise _Fails  # RuntimeArg (never boundable) or an unknown node
+
+    def arg_bytes(self, arg: TensorArg | WorkspaceArg) -> tuple[Column, int, Column]:
+        """Bytes of ``arg`` per group (int or array), a bound of them, and where it fails (bool or mask)."""
+        self.fail = False
+        info = _dtype_info(arg.dtype) if isinstance(arg.dtype, str) else None
+        if info is None:
+            raise _Fails
+        itemsize = info[1]
+        if isinstance(arg, WorkspaceArg):
+            count, bound = self.ev(arg.count)
+            if isinstance(count, int):
+                if count < 0:
+                    raise _Fails
+            else:
+                self.fail = self.fail | (count < 0)
+            return count * itemsize, self.check(bound * itemsize), self.fail
+        sizes = [self.ev(e) for e in arg.size]
+        strides = [self.ev(e) for e in arg.stride]
+        if len(sizes) != len(strides):
+            raise _Fails
+        numel: Column = 1
+        empty: Column = False
+        bound = 1
+        for (d, bd), (s, bs) in zip(sizes, strides):
+            for v in (d, s):
+                if isinstance(v, int):
+                    if v < 0:
+                        raise _Fails
+                else:
+                    self.fail = self.fail | (v < 0)
+            bound = self.check(bound + (bd + 1) * bs)
+            empty = empty | (d == 0)
+            numel = numel + (d - 1) * s
+        if isinstance(empty, (bool, np.bool_)):
+            nbytes: Column = 0 if empty else numel * itemsize
+        else:
+            nbytes = np.where(empty, 0, numel) * itemsize
+        return nbytes, self.check(bound * itemsize), self.fail
+
+
+def _first(mask: Column, shape: tuple[int, ...]) -> int:
+    """Flat index (C order over the grid) of the first group where ``mask`` holds; -1 if none."""
+    if isinstance(mask, (bool, np.bool_)):
+        return 0 if mask else -1
+    if not mask.any():
+        return -1
+    return int(np.argmax(np.broadcast_to(mask, shape)))
+
+
+def _vectorized(
+    plan: KernelPlan, args: list[TensorArg | WorkspaceArg], layout: _Layout, exact: bool
+) -> Footprint:
+    shape = layout.shape
+    n_groups = math.prod(shape)
+    ev = _Evaluator(layout, exact)
+    per_arg: list[tuple[Column, int]] = []
+    first_failure = -1
+    for arg in args:
+        try:
+            nbytes, bound, fail = ev.arg_bytes(arg)
+        except _Fails:
+            first_failure = 0
+            break
+        at = _first(fail, shape)
+        if at >= 0:
+            first_failure = at if first_failure < 0 else min(first_failure, at)
+        per_arg.append((nbytes, bound))
+    if first_failure >= 0:
+        env = layout.env_at(first_failure)
+        for arg in args:
+            _arg_bytes(arg, env)  # raises this group's first failure, exactly as the plain loop would
+        raise AssertionError("a failing group evaluated cleanly")  # pragma: no cover
+    ev.check(n_groups * sum(b for _, b in per_arg))
+
+    mutated = set(plan.mutated_arg_names)
+    total: Column = 0
+    clones: Column = 0
+    for arg, (nbytes, _) in zip(args, per_arg):
+        total = total + nbytes
+        if arg.name in mutated:
+            clones = clones + nbytes
+    totals = np.broadcast_to(np.asarray(total, dtype=ev.dtype), shape).ravel()
+    synthetic = int(totals.sum())
+    peak_clone = max(0, int(np.max(clones)))
+    flat_totals = totals.tolist()
+    largest = int(np.argmax(totals))
+
+    dominant: ArgFootprint | None = None
+    if args:
+        peak = max(int(np.max(b)) for b, _ in per_arg)
+        best = (n_groups, len(args))
+        for i, (nbytes, _) in enumerate(per_arg):
+            if int(np.max(nbytes)) == peak:
+                best = min(best, (_first(np.asarray(nbytes) == peak, shape), i))
+        at, i = best
+        arg = args[i]
+        size, stride, nbytes_at = _arg_bytes(arg, layout.env_at(at))
+        dominant = ArgFootprint(
+            layout.group_ids[at], arg.name, arg.kind, _canonical_dtype(arg.dtype), size, stride, nbytes_at
+        )
+    ids = layout.group_ids
+    group_bytes = tuple(zip(ids, (int(b) for b in flat_totals)))
+    return Footprint(synthetic, peak_clone, synthetic + peak_clone, group_bytes, ids[largest], dominant)
+
+
+def estimate_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
+    """Estimate the bytes the grouped autotune benchmark synthesizes; fails closed.
+
+    Gives exactly what ``reference_footprint`` (the plain loop over groups and
+    arguments) gives, including the first failure, the dominant argument and
+    every tie, but evaluates each expression once over the groups (see above).
+    """
+    args = _benchmark_args(plan)
+    groups = reps.groups
+    if not len(groups):
+        return Footprint(0, 0, 0, (), None, None)
+    layout = _grid_layout(groups) if isinstance(groups, GroupGrid) else _generic_layout(groups)
+    if layout is None:
+        return reference_footprint(plan, reps)
+    try:
+        return _vectorized(plan, args, layout, exact=False)
+    except _Overflow:
+        return _vectorized(plan, args, layout, exact=True)
