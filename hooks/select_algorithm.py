@@ -19,9 +19,9 @@ import sympy
 
 from prescreen.errors import NotBounded
 from prescreen.expr import Const, Expr, expr_from_sympy
-from prescreen.hooks import state
+from prescreen.hooks import oom, state
 from prescreen.plan import KernelPlan, TensorArg, WorkspaceArg
-from prescreen.service import lookup_or_decide
+from prescreen.service import lookup_or_decide, record_observed_oom
 
 log = logging.getLogger("prescreen.hooks")
 
@@ -122,6 +122,22 @@ def flush_buffer_bytes(device: Any) -> int:
     return l2 or TRITON_FLUSH_BYTES
 
 
+#: cuDNN's workspace for the ATen convolution choice, allocated through the caching
+#: allocator while that choice is benchmarked (not an input or output, so not in
+#: the plan otherwise). Calibrated on an H200 by bench/gpu_coverage.py.
+CONV_WORKSPACE_BYTES = 256 * 2**20
+
+#: Selections whose ATen extern choice needs a library workspace on GPUs.
+_WORKSPACE_OPS = {"convolution": CONV_WORKSPACE_BYTES}
+
+
+def extern_workspace_bytes(name: str, device: Any) -> int:
+    """Bytes of library workspace the extern choice of selection ``name`` allocates (0 on CPU)."""
+    if getattr(device, "type", "cpu") in ("cpu", "meta"):
+        return 0
+    return _WORKSPACE_OPS.get(name, 0)
+
+
 def plan_for_selection(name: str, input_nodes: Sequence[Any], layout: Any) -> KernelPlan:
     """The benchmark plan of one algorithm selection: unique inputs plus the output."""
     from torch._inductor import ir
@@ -144,6 +160,10 @@ def plan_for_selection(name: str, input_nodes: Sequence[Any], layout: Any) -> Ke
         dev = str(layout.device)
         args.append(WorkspaceArg("benchmark.cache_flush", Const(flush), "torch.uint8", dev, "NONE"))
         args.append(WorkspaceArg("benchmark.slack", Const(GPU_SLACK_BYTES), "torch.uint8", dev, "NONE"))
+    workspace = extern_workspace_bytes(name, layout.device)
+    if workspace:
+        args.append(WorkspaceArg("benchmark.extern_workspace", Const(workspace), "torch.uint8",
+                                 str(layout.device), "NONE"))
     axes = tuple(sorted(conv.statics))
     return KernelPlan(
         group_features=(),
@@ -191,15 +211,21 @@ def _guard(name: str, choices: list[Any], input_nodes: Sequence[Any], layout: An
 
 
 _CALL_PARAMS = ("self", "name", "choices", "input_nodes", "layout")
+_AUTOTUNE_PARAMS = ("self", "name", "input_nodes", "layout", "input_gen_fns", "choices")
+_FUSION_PARAMS = ("self", "node1", "node2")
 
 
-def _signature_ok(fn: Callable[..., Any]) -> bool:
-    """``__call__(self, name, choices, input_nodes, layout, ...)``, as in torch 2.11 to 2.14."""
+def _params_ok(fn: Callable[..., Any], expected: tuple[str, ...]) -> bool:
     try:
         params = list(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
         return False
-    return tuple(params[: len(_CALL_PARAMS)]) == _CALL_PARAMS
+    return tuple(params[: len(expected)]) == expected
+
+
+def _signature_ok(fn: Callable[..., Any]) -> bool:
+    """``__call__(self, name, choices, input_nodes, layout, ...)``, as in torch 2.11 to 2.14."""
+    return _params_ok(fn, _CALL_PARAMS)
 
 
 def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -223,34 +249,229 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
     return guarded_call
 
 
-def patch() -> bool:
-    """Install the guard on ``AlgorithmSelectorCache.__call__``; True if installed.
+def _record_oom(plan_of: Callable[[], KernelPlan], device: Any, info: tuple[int | None, int | None, str],
+                what: str, fallback_name: str) -> None:
+    """Store the observed OOM under the step's key and say what the retry does."""
+    requested, free, error = info
+    key = "?"
+    try:
+        outcome = record_observed_oom(plan_of(), state.budget_for(device), state.get_store(),
+                                      requested_bytes=requested, free_bytes=free, error=error)
+        key = outcome.key[:12]
+    except Exception as exc:  # storing the fact must never break the retry
+        log.warning("prescreen: could not record the observed OOM of %s (%r)", what, exc)
+    log.warning("prescreen: %s ran out of memory (%s; requested %s bytes, %s free); redone with %s "
+                "and stored as observed_oom [key %s]", what, error, requested, free, fallback_name, key)
 
-    An Inductor whose ``__call__`` has another signature is left alone, with a
-    warning naming the torch version, rather than guessed at.
+
+def _oom_info(exc: BaseException, device: Any) -> tuple[int | None, int | None, str]:
+    return oom.requested_bytes(exc), oom.free_bytes(device), oom.describe(exc)
+
+
+def _wrap_autotune(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``autotune`` (where the selection's inputs are synthesized and benchmarked), with an OOM retry.
+
+    On an out-of-memory error the step's tensors are released and the ATen
+    extern choice is returned as the winner (timing 0, every other choice
+    inf), which is what upstream does with that one choice: no benchmark.
     """
-    import torch
-    from torch._inductor.select_algorithm import AlgorithmSelectorCache
+    signature = inspect.signature(original)
 
-    current = AlgorithmSelectorCache.__call__
+    @functools.wraps(original)
+    def guarded_autotune(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        except Exception as exc:
+            if not oom.is_oom(exc):
+                raise
+            try:
+                bound = signature.bind(*args, **kwargs)
+                name, input_nodes, layout = (bound.arguments[k] for k in ("name", "input_nodes", "layout"))
+                choices = list(bound.arguments["choices"])
+            except Exception:
+                raise exc from None
+            fallback = _fallback_choice(choices)
+            if fallback is None:
+                raise  # nothing upstream offers to fall back to
+            info = _oom_info(exc, layout.device)
+        oom.release(layout.device)  # the failed step's frames are gone once the except block ends
+        _record_oom(lambda: plan_for_selection(name, input_nodes, layout), layout.device, info,
+                    f"the autotune benchmark of {name} ({len(choices)} choices)",
+                    getattr(fallback, "name", type(fallback).__name__))
+        return {c: (0.0 if c is fallback else float("inf")) for c in choices}
+
+    setattr(guarded_autotune, _ORIGINAL_ATTR, original)
+    return guarded_autotune
+
+
+# ---------------------------------------------------------------- epilogue fusion
+
+
+def _is_benchmarked_fusion(node1: Any, node2: Any) -> bool:
+    """Whether upstream benchmarks this fusion (a multi-template node, or ``benchmark_fusion``)."""
+    from torch._inductor import config, ir
+
+    if getattr(config, "benchmark_fusion", False):
+        return True
+    return any(
+        n.is_template() and isinstance(n.get_template_node(), ir.MultiTemplateBuffer) for n in (node1, node2)
+    )
+
+
+def plan_for_fusion(node1: Any, node2: Any) -> KernelPlan:
+    """The epilogue-fusion benchmark: every buffer the fused kernel reads or writes, at its size
+    hints (``get_args`` synthesizes each one), a clone of each one both read and written, and
+    the flush buffer."""
+    from torch._inductor.virtualized import V
+
+    conv = _Converter(V.graph.sizevars)
+    reads: set[str] = set()
+    writes: set[str] = set()
+    for node in (node1, node2):
+        rw = node.read_writes
+        reads.update(d.name for d in rw.reads if type(d).__name__ != "WeakDep")
+        writes.update(d.name for d in rw.writes if type(d).__name__ != "WeakDep")
+    args: list[TensorArg | WorkspaceArg] = []
+    device: Any = None
+    for i, name in enumerate(sorted(reads | writes)):
+        buf = V.graph.get_buffer(name)
+        if buf is None:
+            continue
+        layout = buf.get_layout()
+        device = device or getattr(layout, "device", None)
+        args.extend(conv.tensor(f"buf{i}", buf, layout))
+        if name in reads and name in writes:
+            args.extend(conv.tensor(f"buf{i}.clone", buf, layout))
+    flush = flush_buffer_bytes(device)
+    if flush:
+        dev = str(device)
+        args.append(WorkspaceArg("benchmark.cache_flush", Const(flush), "torch.uint8", dev, "NONE"))
+        args.append(WorkspaceArg("benchmark.slack", Const(GPU_SLACK_BYTES), "torch.uint8", dev, "NONE"))
+    axes = tuple(sorted(conv.statics))
+    return KernelPlan(
+        group_features=(),
+        axis_names=axes,
+        axis_static_values=tuple((a, conv.statics[a]) for a in axes),
+        args=tuple(args),
+        kernel_name="fusion:epilogue",
+    )
+
+
+def _fusion_device(node1: Any) -> Any:
+    try:
+        return node1.get_device()
+    except Exception:
+        return None
+
+
+def _no_fusion() -> Any:
+    """Upstream's "do not fuse" answer: ``FusionResult.fuse(False)`` where it exists, else False."""
+    from torch._inductor import scheduler
+
+    result_cls = getattr(scheduler, "FusionResult", None)
+    return result_cls.fuse(False) if result_cls is not None and hasattr(result_cls, "fuse") else False
+
+
+def _wrap_fusion(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Scheduler.speedup_by_fusion`` guarded: over budget, or on an OOM, the template and its
+    epilogue stay separate kernels (upstream's answer when fusing is not faster), unbenchmarked."""
+
+    @functools.wraps(original)
+    def guarded_fusion(self: Any, node1: Any, node2: Any, *args: Any, **kwargs: Any) -> Any:
+        device = None
+        try:
+            if _is_benchmarked_fusion(node1, node2):
+                device = _fusion_device(node1)
+                plan = plan_for_fusion(node1, node2)
+                outcome = lookup_or_decide(plan, state.budget_for(device), state.get_store())
+                if not outcome.decision.tune:
+                    state.log_once(outcome.key, logging.WARNING,
+                                   "prescreen: skipping the epilogue-fusion benchmark, kernels left unfused: %s "
+                                   "[key %s, %s]", outcome.decision.reason, outcome.key[:12],
+                                   "store hit" if outcome.hit else "computed")
+                    return _no_fusion()
+        except Exception as exc:  # never break a compile
+            state.log_once(f"fusion-error:{type(exc).__name__}", logging.WARNING,
+                           "prescreen: epilogue-fusion guard failed (%r); benchmarking as upstream would", exc)
+            device = None
+        if device is None:
+            return original(self, node1, node2, *args, **kwargs)
+        try:
+            return original(self, node1, node2, *args, **kwargs)
+        except Exception as exc:
+            if not oom.is_oom(exc):
+                raise
+            info = _oom_info(exc, device)
+        oom.release(device)
+        _record_oom(lambda: plan_for_fusion(node1, node2), device, info, "the epilogue-fusion benchmark",
+                    "the unfused kernels")
+        return _no_fusion()
+
+    setattr(guarded_fusion, _ORIGINAL_ATTR, original)
+    return guarded_fusion
+
+
+# ---------------------------------------------------------------- install
+
+
+def _patch_attr(cls: Any, attr: str, expected: tuple[str, ...], wrap: Callable[..., Any], what: str) -> bool:
+    import torch
+
+    current = getattr(cls, attr, None)
+    if current is None:
+        log.warning("prescreen: torch %s has no %s.%s; the %s guard is not installed",
+                    torch.__version__, cls.__name__, attr, what)
+        return False
     if hasattr(current, _ORIGINAL_ATTR):
         return True
-    if not _signature_ok(current):
-        log.warning("prescreen: AlgorithmSelectorCache.__call__ in torch %s does not take (name, choices, "
-                    "input_nodes, layout); the select-algorithm guard is not installed", torch.__version__)
+    if not _params_ok(current, expected):
+        log.warning("prescreen: %s.%s in torch %s does not take (%s); the %s guard is not installed",
+                    cls.__name__, attr, torch.__version__, ", ".join(expected[1:]), what)
         return False
-    AlgorithmSelectorCache.__call__ = _wrap(current)  # type: ignore[method-assign]
+    setattr(cls, attr, wrap(current))
     return True
 
 
+def _unpatch_attr(cls: Any, attr: str) -> None:
+    original = getattr(getattr(cls, attr, None), _ORIGINAL_ATTR, None)
+    if original is not None:
+        setattr(cls, attr, original)
+
+
+def patch() -> bool:
+    """Install the guards on Inductor's algorithm selection; True if the selection guard is installed.
+
+    ``AlgorithmSelectorCache.__call__`` (the decision), ``.autotune`` (the OOM
+    retry), ``Scheduler.speedup_by_fusion`` (the epilogue-fusion benchmark)
+    and ``CachingAutotuner.benchmark_all_configs`` (Triton's runtime
+    autotuning, see ``prescreen.hooks.triton_autotune``). An Inductor whose
+    method has another signature is left alone, with a warning naming the
+    torch version, rather than guessed at.
+    """
+    from torch._inductor import scheduler
+    from torch._inductor.select_algorithm import AlgorithmSelectorCache
+
+    from prescreen.hooks import triton_autotune
+
+    ok = _patch_attr(AlgorithmSelectorCache, "__call__", _CALL_PARAMS, _wrap, "select-algorithm")
+    if ok:
+        _patch_attr(AlgorithmSelectorCache, "autotune", _AUTOTUNE_PARAMS, _wrap_autotune, "autotune OOM-retry")
+        _patch_attr(scheduler.Scheduler, "speedup_by_fusion", _FUSION_PARAMS, _wrap_fusion, "epilogue-fusion")
+    triton_autotune.patch()
+    return ok
+
+
 def unpatch() -> None:
-    """Restore upstream's ``AlgorithmSelectorCache.__call__``."""
+    """Restore upstream's methods."""
     import sys
 
     module = sys.modules.get("torch._inductor.select_algorithm")
-    if module is None:
-        return
-    cls = module.AlgorithmSelectorCache
-    original = getattr(cls.__call__, _ORIGINAL_ATTR, None)
-    if original is not None:
-        cls.__call__ = original
+    if module is not None:
+        _unpatch_attr(module.AlgorithmSelectorCache, "__call__")
+        _unpatch_attr(module.AlgorithmSelectorCache, "autotune")
+    sched = sys.modules.get("torch._inductor.scheduler")
+    if sched is not None:
+        _unpatch_attr(sched.Scheduler, "speedup_by_fusion")
+    from prescreen.hooks import triton_autotune
+
+    triton_autotune.unpatch()

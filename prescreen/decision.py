@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Literal
 
 from prescreen.budget import Budget
-from prescreen.errors import NotBounded
+from prescreen.errors import NotBounded, Reason
 from prescreen.footprint import ArgFootprint, Footprint, estimate_footprint
 from prescreen.plan import KernelPlan
 from prescreen.representatives import Representatives, build_representatives
@@ -125,13 +125,18 @@ def _check_consistent(d: Decision) -> None:
     est, syn, mut = numbers
     if est is None or syn is None or mut is None or min(est, syn, mut) < 0 or est != syn + mut:
         raise ValueError(f"estimated_bytes={est} must equal synthetic_bytes={syn} + mutated_clone_bytes={mut}")
-    if (d.action == "tune") != (est <= d.budget_bytes):
+    if (d.action == "tune") != (est <= d.budget_bytes) and not is_observed_oom(d):
         raise ValueError(f"action={d.action} contradicts estimated_bytes={est} vs budget_bytes={d.budget_bytes}")
     if any(b < 0 for _, b in d.group_bytes) or sum(b for _, b in d.group_bytes) != syn:
         raise ValueError("group_bytes do not add up to synthetic_bytes")
     largest = max(d.group_bytes, key=lambda item: item[1])[0] if d.group_bytes else None
     if d.largest_group_id != largest:
         raise ValueError(f"largest_group_id={d.largest_group_id} is not the largest group ({largest})")
+
+
+def is_observed_oom(d: Decision) -> bool:
+    """A fallback stored because the guarded benchmark really ran out of memory (reason ``observed_oom``)."""
+    return d.action == "fallback" and d.reason.startswith(Reason.OBSERVED_OOM.value)
 
 
 def describe_dominant(arg: ArgFootprint | None) -> str:

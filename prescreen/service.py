@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import socket
 import threading
 import time
 from collections.abc import Callable
 
 from prescreen.budget import Budget
-from prescreen.decision import Decision, decide_with, try_representatives
-from prescreen.errors import NotBounded
+from prescreen.decision import Decision, decide_with, is_observed_oom, try_representatives
+from prescreen.errors import NotBounded, Reason
 from prescreen.key import build_key
 from prescreen.plan import KernelPlan
 from prescreen.representatives import Representatives
@@ -29,6 +31,7 @@ class Counters:
     fell_back: int = 0
     not_bounded: int = 0
     largest_estimate: int = 0
+    observed_oom: int = 0  # guarded benchmarks that ran out of memory and were redone with the fallback
     seconds: float = 0.0  # wall time spent inside lookup_or_decide
 
     def count(self, decision: Decision) -> None:
@@ -69,6 +72,8 @@ def lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, *, w
 
 
 def _lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, write: bool) -> Outcome:
+    # A computed decision is only ever *added* (``Store.put`` keeps a valid entry already
+    # there), so a stored observed_oom fallback is never overwritten by a computed tune.
     key, parts = build_key(plan, budget)
     with _lock:
         COUNTERS.lookups += 1
@@ -106,3 +111,90 @@ def _observed(outcome: Outcome, plan: KernelPlan) -> Outcome:
     for observer in list(OBSERVERS):
         observer(outcome, plan)
     return outcome
+
+
+def observed_oom_decision(
+    plan: KernelPlan,
+    computed: Decision,
+    *,
+    requested_bytes: int | None,
+    free_bytes: int | None,
+    error: str = "",
+    host: str | None = None,
+    when: float | None = None,
+) -> Decision:
+    """``computed`` turned into the fallback a real out-of-memory error proved right.
+
+    The numbers the estimator gave stay as they were (the entry still shows
+    what was estimated); the reason starts with ``observed_oom`` and carries
+    the bytes requested and free at that moment, the estimate, host and time.
+    """
+    stamp = datetime.datetime.fromtimestamp(time.time() if when is None else when, datetime.timezone.utc)
+    fields = {
+        "requested_bytes": "unknown" if requested_bytes is None else str(requested_bytes),
+        "free_bytes": "unknown" if free_bytes is None else str(free_bytes),
+        "estimated_bytes": "unknown" if computed.estimated_bytes is None else str(computed.estimated_bytes),
+        "budget_bytes": str(computed.budget_bytes),
+        "host": (host or socket.gethostname()).replace(" ", "_"),
+        "at": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    text = " ".join(f"{k}={v}" for k, v in fields.items())
+    detail = " ".join(error.split())[:240]
+    reason = f"{Reason.OBSERVED_OOM.value}: {text}" + (f" error={detail}" if detail else "")
+    return dataclasses.replace(computed, action="fallback", enable_auto_blockify=plan.is_dynamic, reason=reason)
+
+
+def observation(decision: Decision) -> dict[str, str]:
+    """The ``key=value`` fields of an observed_oom reason (empty for any other decision)."""
+    if not is_observed_oom(decision):
+        return {}
+    head = decision.reason.split(" error=", 1)[0]
+    out: dict[str, str] = {}
+    for token in head.split(":", 1)[-1].split():
+        name, sep, value = token.partition("=")
+        if sep:
+            out[name] = value
+    return out
+
+
+def record_observed_oom(
+    plan: KernelPlan,
+    budget: Budget,
+    store: Store | None,
+    *,
+    requested_bytes: int | None,
+    free_bytes: int | None,
+    error: str = "",
+) -> Outcome:
+    """Store the fact that ``plan``'s benchmark ran out of memory under ``budget``.
+
+    The entry goes under the same key a lookup uses, replacing a computed
+    ``tune`` there (that is the one overwrite allowed: a fact beats an
+    estimate). Every later lookup hits it and falls back without benchmarking.
+    """
+    key, parts = build_key(plan, budget)
+    reps = try_representatives(plan)
+    computed = decide_with(plan, reps, budget)
+    decision = observed_oom_decision(plan, computed, requested_bytes=requested_bytes, free_bytes=free_bytes,
+                                     error=error)
+    family = None if isinstance(reps, NotBounded) else family_summary(reps)
+    entry = Entry.new(key, parts, plan, family, decision)
+    stored = store is not None and _put_observed(store, entry)
+    with _lock:
+        COUNTERS.observed_oom += 1
+        if stored:
+            COUNTERS.stored += 1
+    return _observed(Outcome(key, decision, False, entry), plan)
+
+
+def _put_observed(store: Store, entry: Entry, attempts: int = 3) -> bool:
+    """Put ``entry``, first removing a computed decision under its key; True once it is there."""
+    for _ in range(attempts):
+        current = store.get(entry.key)
+        if current is not None and is_observed_oom(current.decision):
+            return True  # another process recorded the same fact first
+        if current is not None:
+            store.delete([entry.key])
+        if store.put(entry):
+            return True
+    return False

@@ -1,0 +1,98 @@
+"""Recognise an out-of-memory error inside a guarded benchmark step, and clean up after it.
+
+Which errors count (checked against the exception and its ``__cause__`` /
+``__context__`` chain, so an allocator failure wrapped by Triton's or
+Inductor's benchmarker is still seen):
+
+- ``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError`` is the same class);
+- any exception class whose name ends in ``OutOfMemoryError`` (torch_npu's, by name);
+- a ``RuntimeError`` whose message says ``out of memory`` (how torch_npu and
+  older allocators report it: "NPU out of memory", "CUDA error: out of memory").
+
+Triton's ``OutOfResources`` (shared memory or registers) is not an OOM: the
+benchmarker already treats it as an invalid config.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+from typing import Any
+
+_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+_TRIED = re.compile(r"[Tt]ried to allocate\s+([0-9.]+)\s*(B|KiB|MiB|GiB|TiB)")
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    cur: BaseException | None = exc
+    while cur is not None and cur not in seen and len(seen) < 16:
+        seen.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return seen
+
+
+def _is_oom_one(exc: BaseException) -> bool:
+    try:
+        import torch
+
+        if isinstance(exc, torch.OutOfMemoryError):
+            return True
+    except (ImportError, AttributeError):  # pragma: no cover - torch is a dependency
+        pass
+    if any(cls.__name__.endswith("OutOfMemoryError") for cls in type(exc).__mro__):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True when ``exc`` (or what caused it) is a device out-of-memory error."""
+    return any(_is_oom_one(e) for e in _chain(exc))
+
+
+def requested_bytes(exc: BaseException) -> int | None:
+    """The allocation that failed, read off the allocator's message ("Tried to allocate 2.00 GiB"), or None."""
+    for e in _chain(exc):
+        match = _TRIED.search(str(e))
+        if match:
+            return int(float(match.group(1)) * _UNITS[match.group(2)])
+    return None
+
+
+def describe(exc: BaseException) -> str:
+    """One line naming the error, for the stored reason."""
+    first = (str(exc).splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first}"[:240]
+
+
+def _backend(device: Any) -> Any:
+    kind = getattr(device, "type", None) or str(device).split(":")[0]
+    if kind in ("cpu", "meta", ""):
+        return None
+    import torch
+
+    return getattr(torch, kind, None)
+
+
+def free_bytes(device: Any) -> int | None:
+    """Free device memory now (``mem_get_info``), or None where it cannot be read."""
+    try:
+        backend = _backend(device)
+        if backend is None or not backend.is_available():
+            return None
+        free, _total = backend.mem_get_info(device)
+        return int(free)
+    except Exception:
+        return None
+
+
+def release(device: Any) -> None:
+    """Drop what the failed step allocated: collect its frames' tensors and return cached blocks."""
+    gc.collect()
+    try:
+        backend = _backend(device)
+        if backend is not None and backend.is_available():
+            backend.synchronize(device)
+            backend.empty_cache()
+    except Exception:  # a failing cleanup must not hide the retry
+        pass

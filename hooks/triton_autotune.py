@@ -1,0 +1,191 @@
+"""Guard Triton runtime autotuning: ``CachingAutotuner.benchmark_all_configs`` (CUDA, XPU, ROCm).
+
+A pointwise, reduction or template kernel compiled with several configs is
+benchmarked at its first call, on the real arguments. What that adds to the
+device is a clone of every argument the kernel mutates (``maybe_clone_args``;
+upstream copies them to the host instead when ``optimize_mem`` is set and the
+clone would raise the peak, so counting the clone is an upper bound) and the
+benchmarker's L2-flush buffer. The plan holds exactly those, at the concrete
+sizes of the call, so the key is the kernel's plan and sizes.
+
+Over budget the first config is taken without benchmarking (upstream's
+smallest safe choice: what runs when autotuning is off); the decision is
+stored like every other. An out-of-memory error inside the benchmark is
+caught, the step's clones released, the first config taken, and the fact
+stored as an ``observed_oom`` fallback under the same key.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prescreen.expr import Const
+from prescreen.hooks import oom, state
+from prescreen.plan import KernelPlan, TensorArg, WorkspaceArg
+from prescreen.service import lookup_or_decide, record_observed_oom
+
+log = logging.getLogger("prescreen.hooks")
+
+MODULE = "torch._inductor.runtime.triton_heuristics"
+_ORIGINAL_ATTR = "_prescreen_original_benchmark_all_configs"
+
+
+def _storage_elements(size: Iterable[int], stride: Iterable[int]) -> int:
+    size, stride = list(size), list(stride)
+    if any(d == 0 for d in size):
+        return 0
+    return 1 + sum((d - 1) * s for d, s in zip(size, stride))
+
+
+def _named_args(autotuner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+    names = list(getattr(autotuner.fn, "arg_names", []))
+    return list(zip(names[: len(args)], args)) + list(kwargs.items())
+
+
+def _device_of(named: list[tuple[str, Any]]) -> Any:
+    import torch
+
+    for _name, value in named:
+        if isinstance(value, torch.Tensor):
+            return value.device
+    return None
+
+
+def plan_for_autotuner(autotuner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> KernelPlan:
+    """The runtime benchmark of one kernel: a clone of each mutated tensor arg, plus the flush buffer."""
+    import torch
+
+    from prescreen.hooks.select_algorithm import GPU_SLACK_BYTES, flush_buffer_bytes
+
+    mutated = set(getattr(autotuner, "mutated_arg_names", ()) or ())
+    named = _named_args(autotuner, args, kwargs)
+    plan_args: list[TensorArg | WorkspaceArg] = []
+    for name, value in named:
+        if name in mutated and isinstance(value, torch.Tensor):
+            plan_args.append(TensorArg(
+                name=f"clone:{name}",
+                source="buffer",
+                size=tuple(Const(int(d)) for d in value.size()),
+                stride=tuple(Const(int(s)) for s in value.stride()),
+                dtype=str(value.dtype),
+                device=str(value.device),
+            ))
+    device = _device_of(named)
+    flush = flush_buffer_bytes(device)
+    if flush:
+        dev = str(device)
+        plan_args.append(WorkspaceArg("benchmark.cache_flush", Const(flush), "torch.uint8", dev, "NONE"))
+        plan_args.append(WorkspaceArg("benchmark.slack", Const(GPU_SLACK_BYTES), "torch.uint8", dev, "NONE"))
+    kernel = getattr(autotuner.fn, "__name__", None) or str(getattr(autotuner, "inductor_meta", {}).get("kernel_name"))
+    return KernelPlan(group_features=(), axis_names=(), axis_static_values=(), args=tuple(plan_args),
+                      kernel_name=f"autotune:{kernel}")
+
+
+def _first_config(autotuner: Any) -> dict[Any, float]:
+    """Timings that make ``autotune_to_one_config`` keep the first config: 0 for it, inf for the rest."""
+    return {launcher: (0.0 if i == 0 else float("inf")) for i, launcher in enumerate(autotuner.launchers)}
+
+
+def _describe_config(autotuner: Any) -> str:
+    try:
+        return str(autotuner.launchers[0].config)
+    except Exception:
+        return "the first config"
+
+
+def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def guarded_benchmark_all_configs(self: Any, *args: Any, **kwargs: Any) -> Any:
+        plan: KernelPlan | None = None
+        device: Any = None
+        try:
+            if len(getattr(self, "launchers", ())) > 1:
+                device = _device_of(_named_args(self, args, kwargs))
+                if getattr(device, "type", "cpu") not in ("cpu", "meta"):
+                    plan = plan_for_autotuner(self, args, kwargs)
+                    outcome = lookup_or_decide(plan, state.budget_for(device), state.get_store())
+                    if not outcome.decision.tune:
+                        state.log_once(outcome.key, logging.WARNING,
+                                       "prescreen: skipping runtime autotuning of %s (%d configs), using %s: %s "
+                                       "[key %s, %s]", plan.kernel_name, len(self.launchers),
+                                       _describe_config(self), outcome.decision.reason, outcome.key[:12],
+                                       "store hit" if outcome.hit else "computed")
+                        return _first_config(self)
+        except Exception as exc:  # never break a compile
+            state.log_once(f"autotune-error:{type(exc).__name__}", logging.WARNING,
+                           "prescreen: runtime-autotune guard failed (%r); benchmarking as upstream would", exc)
+            plan = None
+        if plan is None:
+            return original(self, *args, **kwargs)
+        try:
+            return original(self, *args, **kwargs)
+        except Exception as exc:
+            if not oom.is_oom(exc):
+                raise
+            info = (oom.requested_bytes(exc), oom.free_bytes(device), oom.describe(exc))
+        oom.release(device)
+        try:
+            self.reset_to_zero_args(*args, **kwargs)  # where upstream leaves the args after benchmarking
+        except Exception:
+            pass
+        key = "?"
+        try:
+            outcome = record_observed_oom(plan, state.budget_for(device), state.get_store(),
+                                          requested_bytes=info[0], free_bytes=info[1], error=info[2])
+            key = outcome.key[:12]
+        except Exception as exc:
+            log.warning("prescreen: could not record the observed OOM of %s (%r)", plan.kernel_name, exc)
+        log.warning("prescreen: runtime autotuning of %s ran out of memory (%s; requested %s bytes, %s free); "
+                    "using %s and stored as observed_oom [key %s]", plan.kernel_name, info[2], info[0], info[1],
+                    _describe_config(self), key)
+        return _first_config(self)
+
+    setattr(guarded_benchmark_all_configs, _ORIGINAL_ATTR, original)
+    return guarded_benchmark_all_configs
+
+
+def patch() -> bool:
+    """Install the guard on ``CachingAutotuner.benchmark_all_configs``; True if installed.
+
+    A torch whose ``CachingAutotuner`` lacks the method (or has no ``launchers``
+    it picks from) is left alone, with a warning naming the torch version.
+    """
+    import torch
+
+    try:
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    except ImportError as exc:  # no Triton: nothing autotunes at run time
+        log.info("prescreen: Triton runtime autotuning not available (%s); its guard is not installed", exc)
+        return False
+    current = getattr(CachingAutotuner, "benchmark_all_configs", None)
+    if current is None or not hasattr(CachingAutotuner, "autotune_to_one_config"):
+        log.warning("prescreen: CachingAutotuner in torch %s has no benchmark_all_configs/autotune_to_one_config; "
+                    "the runtime-autotune guard is not installed", torch.__version__)
+        return False
+    if hasattr(current, _ORIGINAL_ATTR):
+        return True
+    params = list(inspect.signature(current).parameters)
+    if params[:1] != ["self"] or not any(p.kind is inspect.Parameter.VAR_POSITIONAL
+                                         for p in inspect.signature(current).parameters.values()):
+        log.warning("prescreen: CachingAutotuner.benchmark_all_configs in torch %s does not take (self, *args, "
+                    "**kwargs); the runtime-autotune guard is not installed", torch.__version__)
+        return False
+    CachingAutotuner.benchmark_all_configs = _wrap(current)  # type: ignore[method-assign]
+    return True
+
+
+def unpatch() -> None:
+    """Restore upstream's ``benchmark_all_configs``."""
+    import sys
+
+    module = sys.modules.get(MODULE)
+    if module is None:
+        return
+    cls = module.CachingAutotuner
+    original = getattr(cls.benchmark_all_configs, _ORIGINAL_ATTR, None)
+    if original is not None:
+        cls.benchmark_all_configs = original

@@ -1,0 +1,280 @@
+"""Learning from a real OOM, simulated on CPU: retry with the fallback, a negative entry, reuse."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from prescreen.budget import Budget
+from prescreen.decision import Decision, is_observed_oom
+from prescreen.errors import Reason
+from prescreen.expr import Const
+from prescreen.hooks import oom
+from prescreen.plan import KernelPlan, TensorArg
+from prescreen.service import lookup_or_decide, observation, record_observed_oom
+from prescreen.store import DiskStore
+from prescreen.store.entry import Entry
+
+OOM_TEXT = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.81 GiB"
+
+
+def _plan(n: int = 1024) -> KernelPlan:
+    arg = TensorArg("x", "buffer", (Const(n), Const(n)), (Const(n), Const(1)), "torch.float16", "cuda:0")
+    return KernelPlan(group_features=(), axis_names=(), axis_static_values=(), args=(arg,), kernel_name="select:mm")
+
+
+BUDGET = Budget("cuda", 64 * 2**30, 0.25)
+
+
+# ------------------------------------------------------------------ recognising an OOM
+
+
+class NPUOutOfMemoryError(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("exc", [
+    torch.OutOfMemoryError(OOM_TEXT),
+    NPUOutOfMemoryError("device memory exhausted"),
+    RuntimeError("NPU out of memory. Tried to allocate 20.00 MiB"),
+])
+def test_is_oom_recognises_cuda_npu_and_allocator_messages(exc: BaseException) -> None:
+    assert oom.is_oom(exc)
+
+
+def test_is_oom_follows_the_cause_chain_and_rejects_other_errors() -> None:
+    try:
+        try:
+            raise torch.OutOfMemoryError(OOM_TEXT)
+        except RuntimeError as inner:
+            raise ValueError("benchmark failed") from inner
+    except ValueError as outer:
+        assert oom.is_oom(outer)
+    assert not oom.is_oom(RuntimeError("invalid argument"))
+    assert not oom.is_oom(type("OutOfResources", (Exception,), {})("out of resource: shared memory"))
+
+
+def test_requested_bytes_is_read_off_the_message() -> None:
+    assert oom.requested_bytes(torch.OutOfMemoryError(OOM_TEXT)) == 2 * 2**30
+    assert oom.requested_bytes(RuntimeError("NPU out of memory. Tried to allocate 20.00 MiB")) == 20 * 2**20
+    assert oom.requested_bytes(RuntimeError("out of memory")) is None
+
+
+# ------------------------------------------------------------------ the negative entry
+
+
+def test_observed_oom_replaces_a_computed_tune_and_is_reused(tmp_path: Path) -> None:
+    store = DiskStore(tmp_path / "s")
+    plan = _plan()
+    first = lookup_or_decide(plan, BUDGET, store)
+    assert first.decision.tune and not first.hit
+    rec = record_observed_oom(plan, BUDGET, store, requested_bytes=2 * 2**30, free_bytes=123, error="OOM here")
+    assert rec.key == first.key
+    again = lookup_or_decide(plan, BUDGET, store)
+    assert again.hit and again.decision.action == "fallback" and is_observed_oom(again.decision)
+    obs = observation(again.decision)
+    assert obs["requested_bytes"] == str(2 * 2**30) and obs["free_bytes"] == "123"
+    assert obs["estimated_bytes"] == str(first.decision.estimated_bytes)
+    assert obs["host"] and obs["at"].endswith("Z")
+    assert again.decision.reason.startswith(Reason.OBSERVED_OOM.value)
+
+
+def test_a_computed_tune_never_overwrites_an_observed_oom(tmp_path: Path) -> None:
+    store = DiskStore(tmp_path / "s")
+    plan = _plan()
+    rec = record_observed_oom(plan, BUDGET, store, requested_bytes=None, free_bytes=None)
+    computed = lookup_or_decide(plan, BUDGET, None)  # what a fresh computation says: tune
+    assert computed.decision.tune
+    assert not store.put(Entry.new(computed.key, computed.entry.parts, plan, None, computed.decision))  # type: ignore[union-attr]
+    hit = store.get(rec.key)
+    assert hit is not None and is_observed_oom(hit.decision)
+
+
+def test_observed_entry_survives_json_validation() -> None:
+    plan = _plan()
+    rec = record_observed_oom(plan, BUDGET, None, requested_bytes=1, free_bytes=2)
+    assert rec.entry is not None
+    back = Entry.from_json(rec.entry.to_json())
+    assert back.decision == rec.decision and back.decision.estimated_bytes <= back.decision.budget_bytes  # type: ignore[operator]
+
+
+def test_a_plain_fallback_under_budget_is_still_rejected() -> None:
+    plan = _plan()
+    good = lookup_or_decide(plan, BUDGET, None).decision
+    payload = good.to_payload()
+    payload["action"] = "fallback"
+    payload["reason"] = "made up"
+    with pytest.raises(ValueError, match="contradicts"):
+        Decision.from_payload(payload)
+
+
+# ------------------------------------------------------------------ runtime autotuning (fake autotuner)
+
+
+class _Launcher:
+    def __init__(self, i: int) -> None:
+        self.config = f"cfg{i}"
+
+
+class _Fn:
+    __name__ = "triton_poi_fused_add_0"
+    arg_names = ["in_out_ptr0", "in_ptr0", "xnumel"]
+
+
+class FakeAutotuner:
+    """What ``benchmark_all_configs`` sees of a ``CachingAutotuner``."""
+
+    def __init__(self, raise_oom: bool) -> None:
+        self.fn = _Fn()
+        self.mutated_arg_names = ["in_out_ptr0"]
+        self.launchers = [_Launcher(0), _Launcher(1), _Launcher(2)]
+        self.raise_oom = raise_oom
+        self.benchmarked = 0
+        self.zeroed = 0
+
+    def reset_to_zero_args(self, *args: Any, **kwargs: Any) -> None:
+        self.zeroed += 1
+
+    def benchmark_all_configs(self, *args: Any, **kwargs: Any) -> dict[Any, float]:
+        self.benchmarked += 1
+        if self.raise_oom:
+            raise torch.OutOfMemoryError(OOM_TEXT)
+        return {launcher: float(3 - i) for i, launcher in enumerate(self.launchers)}
+
+
+@pytest.fixture()
+def gpu_like(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> DiskStore:
+    """The runtime guard as on a GPU: tensors "on cuda", 64 GiB device memory, a fresh store."""
+    from prescreen.hooks import state, triton_autotune
+
+    monkeypatch.setattr(triton_autotune, "_device_of", lambda _named: torch.device("cuda", 0))
+    state.reset()
+    store = DiskStore(tmp_path / "s")
+    state.configure(store=store, device_memory="64GiB", ratio=0.25)
+    yield store
+    state.reset()
+
+
+def _args() -> tuple[torch.Tensor, torch.Tensor, int]:
+    return torch.zeros(1024, 1024), torch.zeros(1024, 1024), 1024 * 1024
+
+
+def test_runtime_autotune_oom_takes_first_config_and_next_process_skips_benchmark(gpu_like: DiskStore) -> None:
+    from prescreen.hooks import triton_autotune
+
+    guarded = triton_autotune._wrap(FakeAutotuner.benchmark_all_configs)
+    tuner = FakeAutotuner(raise_oom=True)
+    timings = guarded(tuner, *_args())
+    assert tuner.benchmarked == 1 and tuner.zeroed == 1
+    best = min(timings, key=timings.get)  # what autotune_to_one_config keeps
+    assert best is tuner.launchers[0] and timings[tuner.launchers[1]] == float("inf")
+    entries = list(gpu_like.entries())
+    assert len(entries) == 1 and is_observed_oom(entries[0].decision)
+    assert entries[0].kernel == "autotune:triton_poi_fused_add_0"
+
+    later = FakeAutotuner(raise_oom=True)  # would die again if benchmarked
+    timings = guarded(later, *_args())
+    assert later.benchmarked == 0 and min(timings, key=timings.get) is later.launchers[0]
+
+
+def test_runtime_autotune_plan_counts_mutated_clones_and_flush() -> None:
+    from prescreen.decision import decide
+    from prescreen.hooks import triton_autotune
+
+    tuner = FakeAutotuner(raise_oom=False)
+    x, y, n = _args()
+    plan = triton_autotune.plan_for_autotuner(tuner, (x, y, n), {})
+    names = [a.name for a in plan.args]
+    assert names == ["clone:in_out_ptr0"]  # CPU tensors: no flush buffer, only the clone
+    assert decide(plan, BUDGET).estimated_bytes == x.numel() * 4
+
+
+def test_runtime_autotune_over_budget_skips_the_benchmark(gpu_like: DiskStore) -> None:
+    from prescreen.hooks import state, triton_autotune
+
+    state.configure(ratio=1e-9)
+    guarded = triton_autotune._wrap(FakeAutotuner.benchmark_all_configs)
+    tuner = FakeAutotuner(raise_oom=False)
+    timings = guarded(tuner, *_args())
+    assert tuner.benchmarked == 0 and min(timings, key=timings.get) is tuner.launchers[0]
+    entries = list(gpu_like.entries())
+    assert len(entries) == 1 and entries[0].decision.action == "fallback" and not is_observed_oom(entries[0].decision)
+
+
+def test_runtime_autotune_within_budget_benchmarks_as_upstream(gpu_like: DiskStore) -> None:
+    from prescreen.hooks import triton_autotune
+
+    guarded = triton_autotune._wrap(FakeAutotuner.benchmark_all_configs)
+    tuner = FakeAutotuner(raise_oom=False)
+    timings = guarded(tuner, *_args())
+    assert tuner.benchmarked == 1 and min(timings, key=timings.get) is tuner.launchers[2]
+
+
+def test_other_errors_in_runtime_autotune_propagate(gpu_like: DiskStore) -> None:
+    from prescreen.hooks import triton_autotune
+
+    class Broken(FakeAutotuner):
+        def benchmark_all_configs(self, *args: Any, **kwargs: Any) -> dict[Any, float]:
+            raise ValueError("not an OOM")
+
+    guarded = triton_autotune._wrap(Broken.benchmark_all_configs)
+    with pytest.raises(ValueError, match="not an OOM"):
+        guarded(Broken(raise_oom=False), *_args())
+    assert list(gpu_like.entries())[0].decision.tune  # only the computed decision, no observed_oom
+
+
+# ------------------------------------------------------------------ a real CPU compile (algorithm selection)
+
+
+@pytest.mark.slow
+def test_selection_oom_retries_with_aten_then_next_compile_hits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bmm under max-autotune on CPU: Inductor offers the C++ bmm template and ATen. Every
+    synthesized benchmark input raises OOM (the allocation hook); the compile still completes
+    with ATen, equal to eager, and the second compile hits the observed_oom entry and never
+    allocates a benchmark input."""
+    import torch._inductor.config as ic
+    from torch._inductor import select_algorithm as sa
+
+    import prescreen
+    from prescreen.hooks import state
+
+    calls = {"n": 0}
+
+    def oom_allocation(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls["n"] += 1
+        raise torch.OutOfMemoryError(OOM_TEXT)
+
+    monkeypatch.setattr(sa, "rand_strided", oom_allocation)
+
+    class Bmm(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4, 32, 32))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.bmm(x, self.w)
+
+    torch.manual_seed(0)
+    model, x = Bmm().eval(), torch.randn(4, 16, 32)
+    state.reset()
+    store = DiskStore(tmp_path / "store")
+    outs = []
+    counts = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        before = calls["n"]
+        with ic.patch(freezing=True, fx_graph_cache=False, autotune_local_cache=False), \
+                prescreen.installed(store=store, device_memory="64GiB", ratio=0.25), torch.no_grad():
+            outs.append(torch.compile(model, dynamic=True, mode="max-autotune")(x))
+        counts.append(calls["n"] - before)
+    state.reset()
+    with torch.no_grad():
+        ref = model(x)
+    for out in outs:
+        torch.testing.assert_close(out, ref)
+    assert counts[0] >= 1 and counts[1] == 0
+    observed = [e for e in store.entries() if is_observed_oom(e.decision)]
+    assert len(observed) == 1 and observed[0].kernel == "select:bmm"
