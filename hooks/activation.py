@@ -9,15 +9,19 @@ import os
 import threading
 from collections.abc import Iterator
 from types import ModuleType
+from typing import TYPE_CHECKING
 
-from prescreen.hooks import import_hook, npu, select_algorithm, state
-from prescreen.store.base import Store
+from prescreen.hooks import import_hook
+
+if TYPE_CHECKING:  # the guards and the store load when first needed: PRESCREEN=1 keeps ``import torch`` light
+    from prescreen.store.base import Store
 
 log = logging.getLogger("prescreen.hooks")
 
 ENABLE_ENV = "PRESCREEN"
 VERBOSE_ENV = "PRESCREEN_VERBOSE"
 SELECT_MODULE = "torch._inductor.select_algorithm"
+NPU_MODULE = "torch_npu._inductor.codegen.triton"  # == prescreen.hooks.npu.NPU_MODULE
 
 _lock = threading.RLock()
 _active = False
@@ -31,6 +35,8 @@ def verbose() -> bool:
 
 def summary_line() -> str:
     """One line: what the guards did in this process."""
+    from prescreen.hooks import state
+
     c = state.counters()
     return (f"prescreen: {c.lookups} lookups, {c.hits} store hits, {c.estimator_calls} computed, "
             f"{c.fell_back} fallbacks, {c.seconds * 1000:.1f} ms in prescreen")
@@ -45,10 +51,14 @@ def _log_summary() -> None:
 
 
 def _patch_select(_module: ModuleType) -> None:
+    from prescreen.hooks import select_algorithm
+
     select_algorithm.patch()
 
 
 def _patch_npu(_module: ModuleType) -> None:
+    from prescreen.hooks import npu
+
     npu.patch()
 
 
@@ -68,13 +78,16 @@ def install(
     """
     global _active
     with _lock:
-        state.configure(store=store, device_memory=device_memory, ratio=ratio)
+        if store is not None or device_memory is not None or ratio is not None:
+            from prescreen.hooks import state
+
+            state.configure(store=store, device_memory=device_memory, ratio=ratio)
         if _active:
             return
         if not lazy:
             import torch._inductor.select_algorithm  # noqa: F401
         import_hook.when_imported(SELECT_MODULE, _patch_select)
-        import_hook.when_imported(npu.NPU_MODULE, _patch_npu)
+        import_hook.when_imported(NPU_MODULE, _patch_npu)
         _active = True
         _announce(lazy)
 
@@ -93,9 +106,11 @@ def _announce(lazy: bool) -> None:
 def uninstall() -> None:
     """Restore upstream behaviour everywhere (idempotent)."""
     global _active
+    from prescreen.hooks import npu, select_algorithm
+
     with _lock:
         import_hook.forget(SELECT_MODULE)
-        import_hook.forget(npu.NPU_MODULE)
+        import_hook.forget(NPU_MODULE)
         select_algorithm.unpatch()
         npu.unpatch()
         _active = False
@@ -118,6 +133,8 @@ def installed(
     ``torch.compile`` compiles at the first call, so call the compiled model
     inside the block for the compile to be guarded.
     """
+    from prescreen.hooks import state
+
     with _lock:
         was_active = is_installed()
         saved = state.snapshot()

@@ -126,3 +126,9 @@ def test_autoload_never_raises_even_if_install_fails(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("PRESCREEN", "1")
     monkeypatch.setattr(activation, "install", boom)
     autoload.autoload()  # logs, does not raise
+
+
+def test_lazy_install_constants_match_the_guards() -> None:
+    from prescreen.hooks import activation, npu
+
+    assert activation.NPU_MODULE == npu.NPU_MODULE
