@@ -13,6 +13,19 @@ DEFAULT_RATIO = 0.25
 RATIO_ENV = "PRESCREEN_MAX_BENCHMARK_MEMORY_RATIO"
 NPU_RATIO_ENV = "INDUCTOR_ASCEND_SYMBOLIC_GROUP_MAX_BENCHMARK_MEMORY_RATIO"
 MEMORY_ENV = "PRESCREEN_DEVICE_MEMORY"
+BASIS_ENV = "PRESCREEN_BUDGET_BASIS"
+BASES = ("total", "free")
+#: ``PRESCREEN_BUDGET_BASIS=free`` rounds free memory down to this step, so processes that see
+#: nearly the same free memory share keys (the key holds the memory a decision was made for).
+FREE_STEP = 2**30
+
+
+def budget_basis() -> str:
+    """``total`` (default, as upstream) or ``free`` (the device's free memory at compile time)."""
+    raw = os.environ.get(BASIS_ENV, "").strip().lower() or "total"
+    if raw not in BASES:
+        raise ConfigError(f"{BASIS_ENV}={raw!r} is not one of {', '.join(BASES)}")
+    return raw
 
 _UNITS = {
     "": 1, "b": 1,
@@ -142,6 +155,12 @@ def device_memory(device: object = None, override: str | int | None = None) -> D
         total = int(props.total_memory)
         if total <= 0:
             raise ConfigError(f"device {device!s} reports invalid total memory {total}")
+        if budget_basis() == "free":
+            free = int(backend.mem_get_info(device)[0])
+            rounded = free - free % FREE_STEP if free >= FREE_STEP else free  # never more than is free
+            if rounded <= 0:
+                raise ConfigError(f"device {device!s} has no free memory ({BASIS_ENV}=free)")
+            return DeviceMemory(kind, rounded, "free")
         fraction_of = getattr(backend, "get_per_process_memory_fraction", None)
         if fraction_of is not None:  # a torch.cuda.set_per_process_memory_fraction cap
             try:

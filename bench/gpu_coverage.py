@@ -1,0 +1,369 @@
+"""Does the guard hold for the whole compile? Every op family, measured on a CUDA device.
+
+For each case: FX-graph and autotune caches off (the Inductor cache directory is
+a fresh temporary one), ``torch.compile(mode="max-autotune-no-cudagraphs",
+dynamic=True)``, prescreen installed at ratio 1.0 (every decision is tune, so
+every benchmark really runs). Measured with ``torch.cuda.max_memory_allocated``:
+
+- whole: the peak the compile and first call add over the inputs (the first
+  call's own output and intermediates are in it: that part is the model's, not
+  the benchmark's, and is shown apart);
+- step: the peak inside each guarded step over what was allocated when it
+  began: ``AlgorithmSelectorCache.autotune`` (selection benchmark),
+  ``Scheduler.speedup_by_fusion`` when it benchmarks (epilogue fusion) and
+  ``CachingAutotuner.benchmark_all_configs`` (Triton runtime autotuning);
+- estimate: prescreen's estimate for the same step (the plan the guard builds).
+
+    python bench/gpu_coverage.py [--cases mm,bmm,...] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor-coverage-"))
+
+import torch  # noqa: E402
+
+Case = Callable[[], tuple[Callable[..., Any], tuple[Any, ...]]]
+dev = "cuda"
+f16, bf16 = torch.float16, torch.bfloat16
+
+
+def _r(*shape: int, dtype: torch.dtype = f16) -> torch.Tensor:
+    return torch.randn(*shape, device=dev, dtype=dtype)
+
+
+def case_mm() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    return (lambda a, b: a @ b), (_r(8192, 4096), _r(4096, 4096))
+
+
+def case_mm_t() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    return (lambda a, b: a @ b.t()), (_r(8192, 4096), _r(4096, 4096))
+
+
+def case_bmm() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    return (lambda a, b: torch.bmm(a, b)), (_r(32, 1024, 1024), _r(32, 1024, 1024))
+
+
+def case_addmm() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    return (lambda c, a, b: torch.addmm(c, a, b)), (_r(4096), _r(8192, 4096), _r(4096, 4096))
+
+
+def case_mm_epilogue() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    return (lambda a, b, c: torch.relu(a @ b) * c), (_r(8192, 4096), _r(4096, 4096), _r(8192, 4096))
+
+
+def case_mlp() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024))
+    model = model.to(dev, bf16).eval()
+    return model, (_r(8192, 1024, dtype=bf16),)
+
+
+def case_block() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+    from tiny_models import Block
+
+    torch.manual_seed(0)
+    model = Block(d_model=512, heads=8).to(dev, bf16).eval()
+    return model, (_r(8, 512, 512, dtype=bf16),)
+
+
+def _conv(dim: int, channels_last: bool = False) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    torch.manual_seed(0)
+    cls = {1: torch.nn.Conv1d, 2: torch.nn.Conv2d, 3: torch.nn.Conv3d}[dim]
+    model = cls(128, 128, 3, padding=1).to(dev, f16).eval()
+    shape = {1: (32, 128, 8192), 2: (32, 128, 128, 128), 3: (4, 128, 32, 32, 32)}[dim]
+    x = _r(*shape)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        x = x.to(memory_format=torch.channels_last)
+    return model, (x,)
+
+
+def case_int_mm() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    a = torch.randint(-8, 8, (8192, 4096), device=dev, dtype=torch.int8)
+    b = torch.randint(-8, 8, (4096, 4096), device=dev, dtype=torch.int8)
+    return (lambda x, y: torch._int_mm(x, y)), (a, b)
+
+
+def case_scaled_mm() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    a = _r(8192, 4096).to(torch.float8_e4m3fn)
+    b = _r(4096, 4096).to(torch.float8_e4m3fn).t().contiguous().t()  # column-major, as cuBLASLt wants
+    sa, sb = torch.tensor(1.0, device=dev), torch.tensor(1.0, device=dev)
+    return (lambda x, y, s, t: torch._scaled_mm(x, y, scale_a=s, scale_b=t, out_dtype=bf16)), (a, b, sa, sb)
+
+
+def case_flex() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: s + (i - j) * 0.01)
+
+    return f, (_r(4, 8, 2048, 64), _r(4, 8, 2048, 64), _r(4, 8, 2048, 64))
+
+
+def case_pointwise_mutated() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x.mul_(0.5).add_(y)
+        return x
+
+    return f, (torch.randn(2**28, device=dev), torch.randn(2**28, device=dev))  # 1 GiB each, x mutated
+
+
+def case_reduction_mutated() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        x.sub_(x.mean(dim=-1, keepdim=True))
+        return x
+
+    return f, (torch.randn(2**16, 2**12, device=dev),)  # 1 GiB, mutated by a reduction kernel
+
+
+CASES: dict[str, Case] = {
+    "mm": case_mm,
+    "mm_transposed": case_mm_t,
+    "bmm": case_bmm,
+    "addmm_bias": case_addmm,
+    "mm_epilogue": case_mm_epilogue,
+    "mlp": case_mlp,
+    "transformer_block": case_block,
+    "conv1d": lambda: _conv(1),
+    "conv2d": lambda: _conv(2),
+    "conv2d_channels_last": lambda: _conv(2, channels_last=True),
+    "conv3d": lambda: _conv(3),
+    "int_mm": case_int_mm,
+    "scaled_mm_fp8": case_scaled_mm,
+    "flex_attention": case_flex,
+    "pointwise_mutated": case_pointwise_mutated,
+    "reduction_mutated": case_reduction_mutated,
+}
+
+
+class Meter:
+    """Nested step peaks with ``max_memory_allocated`` (a nested step's reset is folded into its parents)."""
+
+    def __init__(self) -> None:
+        self.stack: list[dict[str, Any]] = []
+        self.global_peak = 0
+        self.steps: list[dict[str, Any]] = []
+
+    def _fold(self) -> int:
+        torch.cuda.synchronize()
+        cur = torch.cuda.max_memory_allocated()
+        self.global_peak = max(self.global_peak, cur)
+        for frame in self.stack:
+            frame["peak"] = max(frame["peak"], cur)
+        return cur
+
+    def enter(self, kind: str, kernel: str, estimate: int | None) -> None:
+        self._fold()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        self.stack.append({"kind": kind, "kernel": kernel, "estimate": estimate, "base": base, "peak": base})
+
+    def exit(self) -> None:
+        self._fold()
+        frame = self.stack.pop()
+        step = frame["peak"] - frame["base"]
+        est = frame["estimate"]
+        self.steps.append({"kind": frame["kind"], "kernel": frame["kernel"], "estimate": est, "step_peak": step,
+                           "ratio": round(est / step, 3) if est and step > 0 else None})
+
+    def peak(self) -> int:
+        self._fold()
+        return self.global_peak
+
+
+def instrument(meter: Meter) -> None:
+    """Wrap prescreen's guarded steps (outermost, so a retry is inside the window)."""
+    from torch._inductor import scheduler
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    from torch._inductor.select_algorithm import AlgorithmSelectorCache
+
+    from prescreen.decision import decide
+    from prescreen.hooks import select_algorithm as sel
+    from prescreen.hooks import triton_autotune as rt
+
+    def estimate(plan_fn: Callable[[], Any]) -> int | None:
+        try:
+            return decide(plan_fn(), _BUDGET).estimated_bytes
+        except Exception as exc:  # a plan the guard cannot build is reported as such
+            print(f"  (no estimate: {exc!r})")
+            return None
+
+    inner_autotune = AlgorithmSelectorCache.autotune
+
+    def autotune(self: Any, name: str, input_nodes: Any, layout: Any, *args: Any, **kwargs: Any) -> Any:
+        meter.enter("select", name, estimate(lambda: sel.plan_for_selection(name, input_nodes, layout)))
+        try:
+            return inner_autotune(self, name, input_nodes, layout, *args, **kwargs)
+        finally:
+            meter.exit()
+
+    AlgorithmSelectorCache.autotune = autotune  # type: ignore[method-assign]
+
+    inner_fusion = scheduler.Scheduler.speedup_by_fusion
+
+    def fusion(self: Any, node1: Any, node2: Any, *args: Any, **kwargs: Any) -> Any:
+        if not sel._is_benchmarked_fusion(node1, node2):
+            return inner_fusion(self, node1, node2, *args, **kwargs)
+        meter.enter("fusion", "epilogue", estimate(lambda: sel.plan_for_fusion(node1, node2)))
+        try:
+            return inner_fusion(self, node1, node2, *args, **kwargs)
+        finally:
+            meter.exit()
+
+    scheduler.Scheduler.speedup_by_fusion = fusion  # type: ignore[method-assign]
+
+    inner_bench = CachingAutotuner.benchmark_all_configs
+
+    def bench(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(self.launchers) <= 1:
+            return inner_bench(self, *args, **kwargs)
+        meter.enter("runtime", getattr(self.fn, "__name__", "?"),
+                    estimate(lambda: rt.plan_for_autotuner(self, args, kwargs)))
+        try:
+            return inner_bench(self, *args, **kwargs)
+        finally:
+            meter.exit()
+
+    CachingAutotuner.benchmark_all_configs = bench  # type: ignore[method-assign]
+
+
+_BUDGET: Any = None
+
+
+def _nbytes(out: Any) -> int:
+    if isinstance(out, torch.Tensor):
+        return out.untyped_storage().nbytes()
+    if isinstance(out, (tuple, list)):
+        return sum(_nbytes(o) for o in out)
+    return 0
+
+
+def run_case(name: str, meter: Meter) -> dict[str, Any]:
+    from prescreen.service import COUNTERS
+
+    torch._dynamo.reset()
+    torch.cuda.empty_cache()
+    fn, inputs = CASES[name]()
+    ref = None
+    try:
+        with torch.no_grad():
+            cloned = tuple(i.clone() if isinstance(i, torch.Tensor) else i for i in inputs)
+            ref = fn(*cloned)
+            ref = ref.float().cpu() if isinstance(ref, torch.Tensor) else None
+            del cloned
+    except Exception as exc:
+        print(f"  eager failed: {exc!r}")
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    meter.global_peak = base
+    meter.steps = []
+    largest_before = COUNTERS.largest_estimate
+    COUNTERS.largest_estimate = 0
+    start = time.perf_counter()
+    row: dict[str, Any] = {"case": name}
+    try:
+        compiled = torch.compile(fn, dynamic=True, mode="max-autotune-no-cudagraphs")
+        with torch.no_grad():
+            out = compiled(*inputs)
+        row["whole_peak"] = meter.peak() - base
+        row["output_bytes"] = _nbytes(out)
+        if ref is not None and isinstance(out, torch.Tensor) and name not in ("pointwise_mutated",
+                                                                               "reduction_mutated"):
+            row["max_abs_err"] = float((out.float().cpu() - ref).abs().max())
+        del out
+        row["ok"] = True
+    except Exception as exc:
+        row["ok"] = False
+        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        traceback.print_exc()
+        row["whole_peak"] = meter.peak() - base
+    row["seconds"] = round(time.perf_counter() - start, 1)
+    row["largest_lookup_estimate"] = COUNTERS.largest_estimate
+    COUNTERS.largest_estimate = max(largest_before, COUNTERS.largest_estimate)
+    row["steps"] = list(meter.steps)
+    del inputs, fn
+    torch.cuda.empty_cache()
+    return row
+
+
+def summarize(row: dict[str, Any]) -> dict[str, Any]:
+    steps = [s for s in row["steps"] if s["step_peak"] > 0]
+    top = max(steps, key=lambda s: s["step_peak"]) if steps else None
+    ests = [s["estimate"] for s in row["steps"] if s["estimate"]] + [row["largest_lookup_estimate"] or 0]
+    ratios = [s["ratio"] for s in steps if s["ratio"] is not None]
+    return {
+        "estimate": max(ests) if ests else None,
+        "step_peak": top["step_peak"] if top else 0,
+        "step": f"{top['kind']}:{top['kernel']}" if top else "-",
+        "ratio": top["ratio"] if top else None,
+        "min_ratio": min(ratios) if ratios else None,
+        "max_ratio": max(ratios) if ratios else None,
+    }
+
+
+def mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.1f}"
+
+
+def main() -> None:
+    global _BUDGET
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    import torch._inductor.config as ic
+
+    import prescreen
+    from prescreen.budget import Budget
+
+    ic.fx_graph_cache = False
+    ic.autotune_local_cache = False
+    ic.autotune_remote_cache = False
+    prescreen.install(ratio=1.0)  # every decision is tune: the real benchmarks run
+    _BUDGET = Budget.for_device(torch.device(dev, 0), None, 1.0)
+    meter = Meter()
+    instrument(meter)
+    torch.ones(8, 8, device=dev) @ torch.ones(8, 8, device=dev)  # cuBLAS handle and workspace outside the windows
+    print(f"device: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; triton "
+          f"{__import__('triton').__version__}; python {platform.python_version()}; "
+          f"inductor cache {os.environ['TORCHINDUCTOR_CACHE_DIR']}", flush=True)
+    rows = []
+    for name in args.cases.split(","):
+        print(f"== {name}", flush=True)
+        row = run_case(name, meter)
+        row.update(summarize(row))
+        for s in row["steps"]:
+            print(f"  step {s['kind']:8s} {s['kernel'][:40]:40s} est {mib(s['estimate']):>9s} MiB  "
+                  f"peak {mib(s['step_peak']):>9s} MiB  ratio {s['ratio']}", flush=True)
+        print("  ROW " + json.dumps({k: v for k, v in row.items() if k != "steps"}), flush=True)
+        rows.append(row)
+    print("\n| case | ok | estimate MiB | whole-compile peak MiB | of which first-call output MiB | "
+          "step peak MiB (largest step) | estimate / step peak | min over steps | steps | s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['case']} | {r['ok']} | {mib(r['estimate'])} | {mib(r['whole_peak'])} | "
+              f"{mib(r.get('output_bytes'))} | {mib(r['step_peak'])} ({r['step']}) | {r['ratio']} | "
+              f"{r['min_ratio']} | {len(r['steps'])} | {r['seconds']} |")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
