@@ -1,4 +1,9 @@
-"""The ``prescreen`` command: warm, inspect, clear, stats, export, import."""
+"""The prescreen command: warm, inspect, report, clear, stats, export, import.
+
+Only ``warm`` of a model imports torch; the other commands, ``--help`` and every
+argument error cost the standard library, click and the store. Bad input is one
+``error:`` line on stderr and exit status 2, click's usage errors included.
+"""
 
 from __future__ import annotations
 
@@ -6,34 +11,98 @@ import datetime as dt
 import json
 import logging
 import os
+import re
 import sys
-from collections.abc import Callable, Iterator
-from typing import Any, NoReturn
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from prescreen.budget import Budget, format_bytes, parse_memory, resolve_ratio
+from prescreen.budget import format_bytes, parse_memory
 from prescreen.errors import ConfigError
-from prescreen.store.base import Store
-from prescreen.store.entry import Entry
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rich.console import Console
+    from rich.table import Table
+
+    from prescreen.store.base import Store
+    from prescreen.store.clear import Predicate
+    from prescreen.store.entry import Entry
+    from prescreen.warm import WarmReport
+
+T = TypeVar("T")
+
+#: Below this many columns tables drop their least needed columns and shorten keys.
+COMPACT_BELOW = 100
+#: Key characters shown in tables (a prefix this long is unambiguous in any real store).
+KEY_CHARS, COMPACT_KEY_CHARS = 12, 8
 
 
 def _width(stream: Any) -> int | None:
     """Piped output (logs, CI, ``| less``) gets 160 columns instead of rich's 80, unless $COLUMNS says."""
-    return None if stream.isatty() or os.environ.get("COLUMNS") else 160
+    isatty = getattr(stream, "isatty", None)
+    return None if (isatty is not None and isatty()) or os.environ.get("COLUMNS") else 160
 
 
-console = Console(width=_width(sys.stdout))
-err_console = Console(stderr=True, width=_width(sys.stderr))
+def out() -> Console:
+    """A console on the current stdout (click's test runner swaps it per invocation)."""
+    from rich.console import Console
+
+    return Console(width=_width(sys.stdout))
+
+
+def err() -> Console:
+    from rich.console import Console
+
+    return Console(stderr=True, width=_width(sys.stderr))
+
+
+def compact() -> bool:
+    return out().width < COMPACT_BELOW
 
 
 def fail(message: str) -> NoReturn:
     """One clear line on stderr, exit code 2, no traceback."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    line = " ".join(message.split())
+    click.echo(f"{click.style('error:', fg='red', bold=True)} {line}", err=True)
     sys.exit(2)
+
+
+def _usage_line(exc: click.ClickException) -> str:
+    """Click's usage error as one line in prescreen's wording, with where to find help."""
+    text = " ".join(exc.format_message().split()).rstrip(".")
+    bad_value = re.match(r"^Invalid value for '([^']+)': (.*)$", text)
+    if bad_value:
+        rest = bad_value.group(2)
+        text = f"{bad_value.group(1)}: {rest[:1].lower()}{rest[1:]}"
+    else:
+        text = re.sub(r"^Missing (argument|option) '([^']+)'", r"missing \1 \2", text)
+        text = text[:1].lower() + text[1:]
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None:
+        text += f" (see '{ctx.command_path} --help')"
+    return text
+
+
+class PrescreenGroup(click.Group):
+    """A group whose usage errors read like prescreen's own: one ``error:`` line, exit 2."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
+        standalone = standalone_mode
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:
+            click.echo(exc.ctx.get_help())
+            rv = 0
+        except click.ClickException as exc:
+            fail(_usage_line(exc))
+        except click.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(1)
+        if not standalone:
+            return rv
+        sys.exit(rv if isinstance(rv, int) else 0)
 
 
 class Ctx:
@@ -102,115 +171,211 @@ class _Faults(logging.Handler):
             self._log.handle(r)
 
 
-def _run(fn: Callable[[], Any]) -> Any:
+def _run(fn: Callable[[], T]) -> T:
     try:
         return fn()
     except ConfigError as exc:
         fail(str(exc))
 
 
-@click.group()
-@click.option("--cache-dir", envvar="PRESCREEN_CACHE_DIR", help="diskcache directory [env PRESCREEN_CACHE_DIR].")
-@click.option("--redis-url", envvar="PRESCREEN_REDIS_URL", help="Fleet store, e.g. redis://127.0.0.1:6379/0.")
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def _check_redis_url(url: str, source: str) -> None:
+    """A URL redis-py can open, else one error naming ``source`` (the option or the variable it came from)."""
+    from urllib.parse import urlsplit
+
+    scheme = urlsplit(url).scheme if "://" in url else ""
+    if scheme not in _REDIS_SCHEMES:
+        from prescreen.store.redis_store import redact_url
+
+        fail(f"{source} {redact_url(url)!r} is not a Redis URL (expected redis://HOST:PORT/DB, rediss://... "
+             "or unix:///path/to/socket)")
+
+
+@click.group(cls=PrescreenGroup)
+@click.option("--cache-dir", envvar="PRESCREEN_CACHE_DIR", metavar="DIR",
+              help="The diskcache directory of the store [env PRESCREEN_CACHE_DIR].")
+@click.option("--redis-url", envvar="PRESCREEN_REDIS_URL", metavar="URL",
+              help="A fleet store behind the local one, e.g. redis://127.0.0.1:6379/0 [env PRESCREEN_REDIS_URL].")
 @click.version_option(package_name="prescreen")
 @click.pass_context
 def cli(ctx: click.Context, cache_dir: str | None, redis_url: str | None) -> None:
     """Pre-screen torch.compile autotune benchmarks against device memory, once per shape family."""
-    global console, err_console
-    console, err_console = Console(width=_width(sys.stdout)), Console(stderr=True, width=_width(sys.stderr))
+    if redis_url:
+        given = ctx.get_parameter_source("redis_url") == click.core.ParameterSource.COMMANDLINE
+        _check_redis_url(redis_url, "--redis-url" if given else "PRESCREEN_REDIS_URL")
     ctx.obj = Ctx(cache_dir, redis_url)
 
 
-def _memory(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:
-    if value is None:
-        return None
+# --- warm ------------------------------------------------------------------------------------------------------------
+
+
+def _memory_option(value: str | int, source: str) -> int:
     try:
         return parse_memory(value)
     except ConfigError as exc:
-        fail(f"--device-memory: {exc}")
+        number = re.match(r"^\s*([0-9]+(?:\.[0-9]+)?)", str(value))
+        if number and float(number.group(1)) > 0:
+            fail(f"{source} {str(value)!r} is less than one byte (expected a size such as 64GiB, 80GB, 512MiB or a "
+                 "byte count)")
+        fail(f"{source}: {exc}")
 
 
-def _progress() -> Progress:
+def _progress() -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=err_console, transient=True)
+                    console=err(), transient=True)
 
 
-def _summary(report: Any) -> Table:
+def _summary(report: WarmReport) -> Table:
+    from rich.table import Table
+
     table = Table(title="prescreen warm" + (" (dry run: nothing stored)" if report.dry_run else ""))
-    for col in ("kernels seen", "tuned", "fell back", "not bounded", "largest estimate", "compiles", "time"):
+    cols = ["kernels", "decisions", "tuned", "fell back", "not bounded", "largest", "compiles", "time"]
+    for col in cols:
         table.add_column(col, justify="right")
-    table.add_row(str(len(report.unique())), str(report.tuned), str(report.fell_back), str(report.not_bounded),
-                  format_bytes(report.largest), str(report.compiles), f"{report.seconds:.1f}s")
+    table.add_row(str(report.kernels), str(len(report.unique())), str(report.tuned), str(report.fell_back),
+                  str(report.not_bounded), format_bytes(report.largest), str(report.compiles), f"{report.seconds:.1f}s")
     return table
 
 
-def _decisions(report: Any) -> Table:
+def _decisions(report: WarmReport) -> Table:
+    from rich.table import Table
+
+    from prescreen.report import short_reason
+
+    narrow = compact()
     table = Table(title="decisions")
-    for col in ("key", "kernel", "sizes", "decision", "estimated", "budget", "source"):
-        table.add_column(col)
+    cols = ["key", "kernel", "sizes", "decision", "estimated", "budget", "source", "reason"]
+    if narrow:
+        cols.remove("budget")  # the reason holds it
+    for col in cols:
+        table.add_column(col, overflow="ellipsis" if col == "kernel" else "fold",
+                         no_wrap=col in ("key", "decision", "source"))
     for r in report.unique():
-        sizes = ",".join(f"{k}={v}" for k, v in r.sizes.items()) or "-"
-        table.add_row(r.key[:12], r.kernel, sizes, r.action if r.bounded else "fallback (not bounded)",
-                      format_bytes(r.estimated_bytes), format_bytes(r.budget_bytes), "hit" if r.hit else "computed")
+        cells = {
+            "key": r.key[:COMPACT_KEY_CHARS if narrow else KEY_CHARS], "kernel": r.kernel,
+            "sizes": ",".join(f"{k}={v}" for k, v in r.sizes.items()) or "-",
+            "decision": r.action if r.bounded else "fallback*", "estimated": format_bytes(r.estimated_bytes),
+            "budget": format_bytes(r.budget_bytes), "source": "hit" if r.hit else "computed",
+            "reason": short_reason(r.action, r.bounded, r.estimated_bytes, r.budget_bytes, r.reason),
+        }
+        table.add_row(*(cells[c] for c in cols))
     return table
 
 
-@cli.command()
+@click.command()
 @click.argument("target", required=False)
-@click.option("--shape", "shapes", multiple=True, metavar="NAME=MIN..MAX", help="A dynamic size and its range.")
-@click.option("--spec", type=click.Path(dir_okay=False), help="TOML/JSON spec: target, shapes, device_memory, ratio.")
-@click.option("--plans", type=click.Path(dir_okay=False), help="Decide exported plan payloads; no model needed.")
-@click.option("--device-memory", callback=_memory, help="Plan for this much device memory, e.g. 64GiB.")
-@click.option("--ratio", type=str, help="Benchmark budget as a fraction of device memory, in (0, 1].")
-@click.option("--device", default="cpu", show_default=True, help="Device the target builds its model on.")
-@click.option("--device-kind", default=None, help="Device kind the --plans decisions are for (npu, cuda, cpu).")
-@click.option("--mode", default="max-autotune", show_default=True, help="torch.compile mode.")
-@click.option("--points", default=2, show_default=True, type=click.IntRange(1, 16), help="Sizes compiled per family.")
+@click.option("--shape", "shapes", multiple=True, metavar="NAME=MIN..MAX",
+              help="A dynamic size and the range it spans in deployment; repeat for several.")
+@click.option("--spec", type=click.Path(dir_okay=False), metavar="FILE",
+              help="A TOML or JSON file holding any of these options (the command line wins).")
+@click.option("--plans", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Decide exported plan payloads directly; no model, no torch.compile.")
+@click.option("--device-memory", metavar="SIZE",
+              help="Plan for this much device memory, e.g. 64GiB [env PRESCREEN_DEVICE_MEMORY].")
+@click.option("--ratio", metavar="R", help="The benchmark budget as a fraction of device memory, in (0, 1] "
+              "[env PRESCREEN_MAX_BENCHMARK_MEMORY_RATIO; default 0.25].")
+@click.option("--device", metavar="DEVICE", help="The device the target builds its model on [default: cpu].")
+@click.option("--device-kind", type=click.Choice(["npu", "cuda", "xpu", "cpu"]),
+              help="The device kind --plans decides for [default: npu].")
+@click.option("--mode", type=click.Choice(["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]),
+              help="The torch.compile mode [default: max-autotune].")
+@click.option("--points", type=click.IntRange(1, 16), help="Sizes compiled per shape family, 1 to 16 [default: 2].")
 @click.option("--inductor-config", "inductor_config", multiple=True, metavar="KEY=VALUE",
-              help="torch._inductor.config setting for the compiles, e.g. freezing=True.")
-@click.option("--dry-run", is_flag=True, help="Estimate and report without storing.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.pass_obj
-def warm(obj: Ctx, target: str | None, shapes: tuple[str, ...], spec: str | None, plans: str | None,
-         device_memory: int | None, ratio: str | None, device: str, device_kind: str | None, mode: str,
-         points: int, inductor_config: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
-    """Compile TARGET (module:callable or file.py:callable) over shape families and fill the store."""
-    from prescreen.target import load_spec, parse_inductor_config, parse_shape
-    from prescreen.warm import load_plans, warm_model, warm_plans
+              help="A torch._inductor.config setting for the compiles, e.g. freezing=True; repeat for several.")
+@click.option("--dry-run", is_flag=True, help="Estimate and report; store nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("-v", "--verbose", is_flag=True, help="Keep Inductor's autotune tables and warnings.")
+@click.pass_context
+def warm(ctx: click.Context, target: str | None, shapes: tuple[str, ...], spec: str | None, plans: str | None,
+         device_memory: str | None, ratio: str | None, device: str | None, device_kind: str | None, mode: str | None,
+         points: int | None, inductor_config: tuple[str, ...], dry_run: bool, as_json: bool, verbose: bool) -> None:
+    """Compile TARGET (module:callable or file.py:callable) over shape families and fill the store.
 
-    settings: dict[str, Any] = _run(lambda: load_spec(spec)) if spec else {}
-    target = target or settings.get("target")
-    families = tuple(_run(lambda: [parse_shape(s) for s in shapes])) or settings.get("shapes", ())
-    if device_memory is None and settings.get("device_memory") is not None:
-        device_memory = _run(lambda: parse_memory(settings["device_memory"]))
-    overrides = _run(lambda: parse_inductor_config(list(inductor_config) + list(settings.get("inductor_config", []))))
-    ratio_value = _run(lambda: resolve_ratio(ratio if ratio is not None else settings.get("ratio")))
+    A --spec file holds the same settings under the options' names with '_' for '-' (target, shapes, plans, device,
+    device_kind, device_memory, ratio, mode, points, inductor_config); an option given on the command line wins
+    over the file, and --inductor-config items win key by key.
+    """
+    from prescreen.budget import memory_override, resolve_ratio
+    from prescreen.target import Spec, check_mode, load_spec, merge_inductor_config, parse_shape
+
+    s = _run(lambda: load_spec(spec)) if spec else Spec()
+    if target and plans:
+        fail("give TARGET or --plans, not both")
+    if not target and not plans:  # the spec's, unless the command line chose
+        if s.target and s.plans:
+            fail(f"spec {s.path!r} sets both 'target' and 'plans'; keep one")
+        target, plans = s.target, s.plans
+    families = tuple(_run(lambda: [parse_shape(x) for x in shapes])) if shapes else s.shapes
+    memory_text = device_memory if device_memory is not None else s.device_memory
+    memory = (_memory_option(memory_text, "--device-memory" if device_memory is not None else f"spec {s.path!r}: "
+                             "device_memory") if memory_text is not None else None)
+    ratio_value = _run(lambda: resolve_ratio(ratio if ratio is not None else s.ratio))
+    mode = _run(lambda: check_mode(mode or s.mode or "max-autotune"))
+    points = points if points is not None else (s.points or 2)
+    config_items = _run(lambda: merge_inductor_config(s.inductor_config, inductor_config))
+    if plans:
+        memory = _run(lambda: memory_override(memory))
+        if memory is None:
+            fail("--plans needs --device-memory or PRESCREEN_DEVICE_MEMORY (the fleet's device memory, e.g. 64GiB)")
+        _warm_plans(ctx.obj, plans, memory, ratio_value, device_kind or s.device_kind or "npu", dry_run, as_json)
+        return
+    if not target:
+        fail("missing TARGET (module:callable or file.py:callable), --spec or --plans")
+    from prescreen.target import parse_inductor_config
+
+    overrides = _run(lambda: parse_inductor_config(config_items))
+    store = ctx.obj.store()
+    from prescreen.warm import warm_model
+
+    with _progress() as progress:
+        tick = _ticker(progress)
+        report = _run(lambda: warm_model(
+            target, families, store, device=device or s.device or "cpu", device_memory=memory, ratio=ratio_value,
+            mode=mode, points=points, dry_run=dry_run, inductor_config=overrides, verbose=verbose, progress=tick))
+    _print_report(report, as_json)
+
+
+def _ticker(progress: Any) -> Callable[[int, int, dict[str, int]], None]:
+    task = progress.add_task("warming", total=None)
+
+    def tick(done: int, total: int, sizes: dict[str, int]) -> None:
+        label = ", ".join(f"{k}={v}" for k, v in sizes.items())
+        progress.update(task, completed=done, total=total, description=f"warming {label}".strip())
+
+    return tick
+
+
+def _warm_plans(obj: Ctx, path: str, memory: int, ratio: float, kind: str, dry_run: bool, as_json: bool) -> None:
+    from prescreen.budget import Budget
+    from prescreen.warm import load_plans, warm_plans
+
+    loaded = _run(lambda: load_plans(path))
     store = obj.store()
     with _progress() as progress:
-        task = progress.add_task("warming", total=None)
+        report = warm_plans(loaded, store, Budget(kind, memory, ratio), dry_run=dry_run, progress=_ticker(progress))
+    _print_report(report, as_json)
 
-        def tick(done: int, total: int, sizes: dict[str, int]) -> None:
-            label = ", ".join(f"{k}={v}" for k, v in sizes.items())
-            progress.update(task, completed=done, total=total, description=f"warming {label}".strip())
 
-        if plans:
-            loaded = _run(lambda: load_plans(plans))
-            if device_memory is None:
-                fail("--plans needs --device-memory (the fleet's device memory, e.g. 64GiB)")
-            budget = Budget(device_kind or "npu", device_memory, ratio_value)
-            report = warm_plans(loaded, store, budget, dry_run=dry_run, progress=tick)
-        else:
-            if not target:
-                fail("missing TARGET (module:callable or file.py:callable), --spec or --plans")
-            report = _run(lambda: warm_model(
-                target, families, store, device=device, device_memory=device_memory, ratio=ratio_value,
-                mode=settings.get("mode", mode), points=int(settings.get("points", points)), dry_run=dry_run, inductor_config=overrides,
-                progress=tick))
+def _print_report(report: WarmReport, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
         return
+    console = out()
     console.print(_summary(report))
-    console.print(_decisions(report))
+    if report.records:
+        console.print(_decisions(report))
+        if report.not_bounded:
+            console.print("* not bounded: the footprint could not be estimated, so the benchmark is skipped "
+                          "(fail closed)")
+    for hint in report.hints:
+        console.print(hint, highlight=False)
+
+
+# --- reading the store -----------------------------------------------------------------------------------------------
 
 
 def _age(ts: float) -> str:
@@ -218,7 +383,7 @@ def _age(ts: float) -> str:
 
 
 def _family(e: Entry) -> str:
-    plan = e.plan
+    plan: dict[str, Any] = dict(e.plan)
     statics = plan.get("axis_static_values") or []
     features = plan.get("group_features") or []
     if features:
@@ -227,26 +392,57 @@ def _family(e: Entry) -> str:
     return ",".join(f"{n}={v}" for n, v in statics) or "static"
 
 
-def _why(d: Any) -> str:
-    """The reason in a few words (``inspect KEY`` prints it whole)."""
-    if not d.bounded:
-        return "not bounded: " + d.reason.rsplit(": ", 2)[-2] if d.reason.count(": ") >= 2 else "not bounded"
-    return "fits budget" if d.tune else "over budget"
+def _short(e: Entry) -> str:
+    from prescreen.report import short_reason
+
+    d = e.decision
+    return short_reason(d.action, d.bounded, d.estimated_bytes, d.budget_bytes, d.reason)
 
 
-def _filtered(store: Store, decision: str | None, device: str | None, kernel: str | None) -> Iterator[Entry]:
-    for e in store.entries():
-        if decision and e.decision.action != decision:
-            continue
-        if device and e.parts.device_kind != device:
-            continue
-        if kernel and kernel not in e.kernel:
-            continue
-        yield e
+def filter_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The one filter language of ``inspect``, ``report`` and ``clear`` (filters combine with AND)."""
+    options = [
+        click.option("--key", "key_prefix", metavar="PREFIX", help="Entries whose key starts with these hex digits."),
+        click.option("--kernel", metavar="PATTERN",
+                     help="Kernels whose name contains PATTERN, or matches it as a glob ('select:packed*')."),
+        click.option("--device", metavar="KIND", help="Entries decided for this device kind (npu, cuda, xpu, cpu)."),
+        click.option("--decision", type=click.Choice(["tune", "fallback"]), help="Only this decision."),
+        click.option("--older-than", metavar="AGE", help="Entries older than AGE, e.g. 7d, 12h, 30m."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def selection(key_prefix: str | None = None, kernel: str | None = None, device: str | None = None,
+              decision: str | None = None, older_than: str | None = None, *, required: bool = False,
+              everything: bool = False) -> Predicate:
+    """The entries the filter options select; with ``required`` (clear), no filter is an error."""
+    from prescreen.store.clear import build_predicate, match_all
+
+    given = any(v is not None for v in (key_prefix, kernel, device, older_than, decision))
+    if not given and not required and not everything:
+        base = match_all()
+    else:
+        try:
+            base = build_predicate(everything=everything, key_prefix=key_prefix, kernel=kernel, device=device,
+                                   older_than=older_than)
+        except ConfigError as exc:
+            if decision is None or "nothing selected" not in str(exc):
+                fail(str(exc))
+            base = match_all()
+        if everything and decision is not None:
+            fail("--all cannot be combined with other filters")
+    if decision is None:
+        return base
+    return lambda e: e.decision.action == decision and base(e)
 
 
 def _one(store: Store, key: str) -> Entry:
-    matches = [e for e in store.entries() if e.key.startswith(key.lower())]
+    prefix = key.strip().lower()
+    if not prefix or not re.fullmatch(r"[0-9a-f]+", prefix):
+        fail(f"invalid key prefix {key!r} (expected hex digits of a key)")
+    matches = [e for e in store.entries() if e.key.startswith(prefix)]
     if not matches:
         fail(f"no entry with key {key!r}")
     if len(matches) > 1:
@@ -254,27 +450,76 @@ def _one(store: Store, key: str) -> Entry:
     return matches[0]
 
 
-@cli.command()
-@click.argument("key", required=False)
-@click.option("--decision", type=click.Choice(["tune", "fallback"]), help="Only this decision.")
-@click.option("--device", help="Only this device kind (cuda, npu, cpu).")
-@click.option("--kernel", help="Only kernels whose name contains this.")
-@click.option("--verify", is_flag=True, help="Recompute each shown decision and compare it with the stored one.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.pass_obj
-def inspect(obj: Ctx, key: str | None, decision: str | None, device: str | None, kernel: str | None,
-            verify: bool, as_json: bool) -> None:
-    """List stored decisions, or show the entry KEY (a prefix is enough) in full."""
-    from prescreen.store.verify import verify_entry
+def _entry_table(entry: Entry) -> Table:
+    from rich.table import Table
 
+    d = entry.decision
+    table = Table(title=f"entry {entry.key}", show_header=False)
+    table.add_column("field", style="bold", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    rows = [
+        ("kernel", entry.kernel), ("decision", d.action), ("bounded", str(d.bounded)),
+        ("enable_auto_blockify", str(d.enable_auto_blockify)),
+        ("estimated", f"{format_bytes(d.estimated_bytes)} ({d.estimated_bytes} B)"),
+        ("synthetic / mutated clone", f"{d.synthetic_bytes} / {d.mutated_clone_bytes} B"),
+        ("budget", f"{format_bytes(d.budget_bytes)} = {format_bytes(d.total_memory)} x {d.ratio}"),
+        ("why", _short(entry)), ("reason", d.reason), ("largest group", str(d.largest_group_id)),
+        ("dominant arg", json.dumps(d.dominant_arg.to_payload()) if d.dominant_arg else "none"),
+        ("per-group bytes", ", ".join(f"{g}: {format_bytes(b)}" for g, b in d.group_bytes) or "-"),
+        ("shape family", _family(entry)),
+        ("created", f"{_age(entry.created_at)} by {entry.host} pid {entry.pid}"), ("hits", str(entry.hits)),
+    ]
+    rows += [(f"key.{k}", json.dumps(v) if not isinstance(v, str) else v) for k, v in entry.parts.to_payload().items()]
+    for field, value in rows:
+        table.add_row(field, value)
+    return table
+
+
+def _list_table(entries: Sequence[Entry], title: str) -> Table:
+    from rich.table import Table
+
+    narrow = compact()
+    table = Table(title=title)
+    cols = ["key", "kernel", "shape family", "device", "ratio", "decision", "estimated", "budget", "why", "created",
+            "hits"]
+    if narrow:  # the why column holds estimated and budget; the rest is in 'inspect KEY'
+        cols = ["key", "kernel", "device", "decision", "why"]
+    for col in cols:
+        table.add_column(col, overflow="ellipsis" if col == "kernel" else "fold",
+                         no_wrap=col in ("key", "decision", "ratio", "hits"), min_width=6 if col == "kernel" else None)
+    for e in entries:
+        d = e.decision
+        cells = {
+            "key": e.key[:COMPACT_KEY_CHARS if narrow else KEY_CHARS], "kernel": e.kernel, "shape family": _family(e),
+            "device": f"{e.parts.device_kind} {format_bytes(e.parts.total_memory)}", "ratio": f"{e.parts.ratio:g}",
+            "decision": d.action if d.bounded else "fallback*", "estimated": format_bytes(d.estimated_bytes),
+            "budget": format_bytes(d.budget_bytes), "why": _short(e), "created": _age(e.created_at),
+            "hits": str(e.hits),
+        }
+        table.add_row(*(cells[c] for c in cols))
+    return table
+
+
+@click.command()
+@click.argument("key", required=False)
+@filter_options
+@click.option("--verify", is_flag=True, help="Recompute each shown decision and compare it with the stored one.")
+@click.option("--json", "as_json", is_flag=True, help="Print the entries as JSON.")
+@click.pass_obj
+def inspect(obj: Ctx, key: str | None, key_prefix: str | None, kernel: str | None, device: str | None,
+            decision: str | None, older_than: str | None, verify: bool, as_json: bool) -> None:
+    """List stored decisions, or show the entry KEY (a prefix is enough) in full with its per-group chart."""
+    chosen = selection(key_prefix, kernel, device, decision, older_than)
     store = obj.store(writable=False)
     if verify:
-        shown = [_one(store, key)] if key else list(_filtered(store, decision, device, kernel))
+        from prescreen.store.verify import verify_entry
+
+        shown = [_one(store, key)] if key else [e for e in store.entries() if chosen(e)]
         stale = [e for e in shown if not verify_entry(e)]
         for e in stale:
-            err_console.print(f"[bold red]mismatch:[/] {e.key[:12]} {e.kernel}: stored decision differs from a "
-                              "fresh computation", highlight=False)
-        console.print(f"verified {len(shown)} entries: {len(shown) - len(stale)} identical to a fresh computation")
+            err().print(f"[bold red]mismatch:[/] {e.key[:KEY_CHARS]} {e.kernel}: stored decision differs from a "
+                        "fresh computation", highlight=False)
+        out().print(f"verified {len(shown)} entries: {len(shown) - len(stale)} identical to a fresh computation")
         if stale:
             sys.exit(1)
         return
@@ -283,62 +528,69 @@ def inspect(obj: Ctx, key: str | None, decision: str | None, device: str | None,
         if as_json:
             click.echo(json.dumps(entry.to_payload(), indent=2))
             return
-        d = entry.decision
-        table = Table(title=f"entry {entry.key}", show_header=False)
-        table.add_column("field", style="bold")
-        table.add_column("value", overflow="fold")
-        rows = [
-            ("kernel", entry.kernel), ("decision", d.action), ("bounded", str(d.bounded)),
-            ("enable_auto_blockify", str(d.enable_auto_blockify)),
-            ("estimated", f"{format_bytes(d.estimated_bytes)} ({d.estimated_bytes} B)"),
-            ("synthetic / mutated clone", f"{d.synthetic_bytes} / {d.mutated_clone_bytes} B"),
-            ("budget", f"{format_bytes(d.budget_bytes)} = {format_bytes(d.total_memory)} x {d.ratio}"),
-            ("reason", d.reason), ("largest group", str(d.largest_group_id)),
-            ("dominant arg", json.dumps(d.dominant_arg.to_payload()) if d.dominant_arg else "none"),
-            ("per-group bytes", ", ".join(f"{g}: {format_bytes(b)}" for g, b in d.group_bytes) or "-"),
-            ("shape family", _family(entry)),
-            ("created", f"{_age(entry.created_at)} by {entry.host} pid {entry.pid}"), ("hits", str(entry.hits)),
-        ]
-        rows += [(f"key.{k}", json.dumps(v) if not isinstance(v, str) else v) for k, v in entry.parts.to_payload().items()]
-        for field, value in rows:
-            table.add_row(field, value)
-        console.print(table)
+        from prescreen.report import bar_chart
+
+        console = out()
+        console.print(_entry_table(entry))
+        console.print(bar_chart(entry, width=console.width))
         return
-    entries = sorted(_filtered(store, decision, device, kernel), key=lambda e: e.created_at)
+    entries = sorted((e for e in store.entries() if chosen(e)), key=lambda e: e.created_at)
     if as_json:
         click.echo(json.dumps([e.to_payload() for e in entries], indent=2))
         return
-    table = Table(title=f"{len(entries)} decisions in {store.backend} store {store.location}")
-    for col in ("key", "kernel", "shape family", "device", "ratio", "decision", "estimated", "budget", "why",
-                "created", "hits"):
-        table.add_column(col, overflow="fold")
-    for e in entries:
-        d = e.decision
-        table.add_row(e.key[:12], e.kernel, _family(e), f"{e.parts.device_kind} {format_bytes(e.parts.total_memory)}",
-                      f"{e.parts.ratio:g}", d.action if d.bounded else "fallback*", format_bytes(d.estimated_bytes),
-                      format_bytes(d.budget_bytes), _why(d), _age(e.created_at), str(e.hits))
-    console.print(table)
+    console = out()
+    console.print(_list_table(entries, f"{len(entries)} decisions in {store.backend} store {store.location}"))
     if any(not e.decision.bounded for e in entries):
         console.print("* not bounded: the footprint could not be estimated, so the benchmark is skipped (fail closed)")
 
 
-@cli.command()
+@click.command()
+@filter_options
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Write an HTML page: a chart and the numbers per fallback.")
+@click.option("--png", "png_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Write the charts as one PNG (needs matplotlib: pip install 'prescreen[plot]').")
+@click.pass_obj
+def report(obj: Ctx, key_prefix: str | None, kernel: str | None, device: str | None, decision: str | None,
+           older_than: str | None, html_path: str | None, png_path: str | None) -> None:
+    """Chart every fallback in the store (per-group bytes against the budget) for a deployment review.
+
+    Without --html or --png the charts are drawn in the terminal. --decision tune charts the tuned entries instead.
+    """
+    from prescreen.report import bar_chart, write_html, write_png
+
+    chosen = selection(key_prefix, kernel, device, decision or "fallback", older_than)
+    store = obj.store(writable=False)
+    entries = sorted((e for e in store.entries() if chosen(e)), key=lambda e: -(e.decision.estimated_bytes or 0))
+    console = out()
+    if html_path:
+        n = _run(lambda: write_html(entries, html_path, f"prescreen: {decision or 'fallback'} decisions in "
+                                    f"{store.location}"))
+        console.print(f"wrote {n} entries to {html_path}", highlight=False)
+    if png_path:
+        n = _run(lambda: write_png(entries, png_path))
+        console.print(f"wrote {n} entries to {png_path}", highlight=False)
+    if html_path or png_path:
+        return
+    if not entries:
+        console.print(f"no {decision or 'fallback'} decisions in {store.location}")
+    for e in entries:
+        console.rule(f"{e.key[:KEY_CHARS]} {e.kernel}", style="dim")
+        console.print(bar_chart(e, width=console.width))
+
+
+@click.command()
 @click.option("--all", "everything", is_flag=True, help="Remove every entry.")
-@click.option("--key", help="Remove the entries whose key starts with this.")
-@click.option("--kernel", help="Remove entries whose kernel name contains this.")
-@click.option("--device", help="Remove entries for this device kind.")
-@click.option("--older-than", help="Remove entries older than this, e.g. 7d, 12h, 30m.")
+@filter_options
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj
-def clear(obj: Ctx, everything: bool, key: str | None, kernel: str | None, device: str | None,
-          older_than: str | None, yes: bool) -> None:
-    """Remove stored decisions: all, or by key prefix, kernel, device or age."""
-    from prescreen.store.clear import build_predicate
-
-    predicate = _run(lambda: build_predicate(everything=everything, key_prefix=key, kernel=kernel, device=device,
-                                             older_than=older_than))
+def clear(obj: Ctx, everything: bool, key_prefix: str | None, kernel: str | None, device: str | None,
+          decision: str | None, older_than: str | None, yes: bool) -> None:
+    """Remove stored decisions: all, or those the filters select (the filters of inspect)."""
+    chosen = selection(key_prefix, kernel, device, decision, older_than, required=True, everything=everything)
     store = obj.store()
-    doomed = [e for e in store.entries() if predicate(e)]
+    doomed = [e for e in store.entries() if chosen(e)]
+    console = out()
     if not doomed:
         console.print("nothing to remove")
         return
@@ -347,55 +599,88 @@ def clear(obj: Ctx, everything: bool, key: str | None, kernel: str | None, devic
         return
     removed = store.clear_all() if everything else store.delete([e.key for e in doomed])
     for e in doomed:
-        console.print(f"removed {e.key[:12]} {e.kernel} ({e.decision.action})", highlight=False)
+        console.print(f"removed {e.key[:KEY_CHARS]} {e.kernel} ({e.decision.action})", highlight=False)
     console.print(f"{removed} entries removed")
 
 
-@cli.command()
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
 @click.pass_obj
-def stats(obj: Ctx) -> None:
+def stats(obj: Ctx, as_json: bool) -> None:
     """Entries, size on disk, hit rate, location and backend of the store."""
     store = obj.store(writable=False)
     s = store.stats()
-    stored_hits = sum(e.hits for e in store.entries())
+    entries = list(store.entries())
+    stored_hits = sum(e.hits for e in entries)
     lookups = stored_hits + s.entries  # every entry was computed once (a miss), then reused stored_hits times
+    counts = {"tune": sum(e.decision.action == "tune" for e in entries),
+              "fallback": sum(e.decision.action == "fallback" for e in entries)}
+    if as_json:
+        click.echo(json.dumps({
+            "backend": s.backend, "location": s.location, "entries": s.entries, "size_bytes": s.size_bytes,
+            "tune": counts["tune"], "fallback": counts["fallback"], "hits": stored_hits,
+            "hit_rate": round(stored_hits / lookups, 6) if lookups else None, "healthy": s.healthy,
+            "detail": s.detail,
+        }, indent=2))
+        return
+    from rich.table import Table
+
     table = Table(show_header=False, title="prescreen store")
+    table.add_column("field", style="bold", no_wrap=True)
+    table.add_column("value", overflow="fold")
     for field, value in (
         ("backend", s.backend), ("location", s.location), ("entries", str(s.entries)),
+        ("decisions", f"{counts['tune']} tune, {counts['fallback']} fallback"),
         ("size", format_bytes(s.size_bytes)),
         ("hits", str(stored_hits)),
         ("hit rate", f"{stored_hits / lookups:.1%} (hits / (hits + entries computed))" if lookups else "-"),
         ("healthy", str(s.healthy)), ("detail", s.detail or "-"),
     ):
         table.add_row(field, value)
-    console.print(table)
+    out().print(table)
 
 
-@cli.command("export")
+@click.command("export")
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.pass_obj
 def export_cmd(obj: Ctx, path: str) -> None:
-    """Write every stored decision to a versioned JSON bundle."""
+    """Write every stored decision to a versioned JSON bundle at PATH."""
     from prescreen.store.bundle import export_bundle
 
-    count = _run(lambda: export_bundle(obj.store(writable=False), path))
-    console.print(f"exported {count} entries to {path}")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        fail(f"cannot write bundle {path!r}: no directory {parent!r}")
+    store = obj.store(writable=False)
+    try:
+        count = _run(lambda: export_bundle(store, path))
+    except OSError as exc:
+        fail(f"cannot write bundle {path!r}: {exc.strerror or exc}")
+    out().print(f"exported {count} entries to {path}", highlight=False)
 
 
-@cli.command("import")
+@click.command("import")
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.pass_obj
 def import_cmd(obj: Ctx, path: str) -> None:
-    """Load a bundle made by ``prescreen export`` (validated; another schema is refused)."""
+    """Load a bundle made by 'prescreen export' (every entry validated; another schema is refused)."""
     from prescreen.store.bundle import import_bundle
 
-    imported, skipped = _run(lambda: import_bundle(obj.store(), path))
-    console.print(f"imported {imported} entries from {path} ({skipped} already present or skipped)")
-
-
-def main() -> None:
-    """Console-script entry point: click errors exit 2, config errors print one line."""
+    store = obj.store()
     try:
-        cli.main(standalone_mode=True)
-    except ConfigError as exc:  # pragma: no cover - every command routes through fail()
-        fail(str(exc))
+        imported, skipped = _run(lambda: import_bundle(store, path))
+    except OSError as exc:
+        fail(f"cannot read bundle {path!r}: {exc.strerror or exc}")
+    out().print(f"imported {imported} entries from {path} ({skipped} already present or skipped)", highlight=False)
+
+
+for _command in (warm, inspect, report, clear, stats, export_cmd, import_cmd):
+    cli.add_command(_command)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console-script entry point: every error is one ``error:`` line and exit status 2."""
+    cli.main(args=list(argv) if argv is not None else None, prog_name="prescreen")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -58,35 +58,156 @@ def shape_points(shapes: tuple[ShapeRange, ...], count: int) -> Iterator[dict[st
         yield dict(zip(names, values))
 
 
-def load_spec(path: str | Path) -> dict[str, Any]:
-    """A TOML or JSON warm spec: target, shapes, device_memory, ratio, mode, points."""
+#: torch.compile's modes (``torch.compile(mode=...)``).
+MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+#: The device kinds a decision can be for (``--device-kind``).
+DEVICE_KINDS: tuple[str, ...] = ("npu", "cuda", "xpu", "cpu")
+
+#: The keys a warm spec may hold, each the name of a ``prescreen warm`` option with ``-`` as ``_``.
+SPEC_KEYS: tuple[str, ...] = (
+    "target", "shapes", "plans", "device", "device_kind", "device_memory", "ratio", "mode", "points",
+    "inductor_config",
+)
+
+#: Leading text of a ``KEY=VALUE`` item (a dotted Inductor key such as ``triton.cudagraphs`` included).
+_ITEM_START = re.compile(r",\s*(?=[A-Za-z_][A-Za-z0-9_.]*\s*=)")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Spec:
+    """What a warm spec file sets; ``None`` (or empty) where it is silent."""
+
+    path: str = ""
+    target: str | None = None
+    shapes: tuple[ShapeRange, ...] = ()
+    plans: str | None = None
+    device: str | None = None
+    device_kind: str | None = None
+    device_memory: str | int | None = None
+    ratio: float | str | None = None
+    mode: str | None = None
+    points: int | None = None
+    inductor_config: tuple[str, ...] = ()
+
+
+def check_mode(mode: str, source: str = "--mode") -> str:
+    """``mode`` if torch.compile knows it, else a ConfigError naming ``source`` and the modes."""
+    if mode not in MODES:
+        raise ConfigError(f"{source} {mode!r} is not a torch.compile mode (expected one of {', '.join(MODES)})")
+    return mode
+
+
+def check_device_kind(kind: str, source: str = "--device-kind") -> str:
+    if kind not in DEVICE_KINDS:
+        raise ConfigError(f"{source} {kind!r} is not a device kind (expected one of {', '.join(DEVICE_KINDS)})")
+    return kind
+
+
+def check_points(points: object, source: str = "--points") -> int:
+    if isinstance(points, bool) or not isinstance(points, int) or not 1 <= points <= 16:
+        raise ConfigError(f"{source} {points!r} is not a whole number from 1 to 16")
+    return points
+
+
+def split_inductor_config(value: object, source: str) -> tuple[str, ...]:
+    """``KEY=VALUE`` items from a spec's ``inductor_config``: a table, a list of items, or one string.
+
+    A string may hold several items separated by commas (``"freezing=True, max_autotune=True"``);
+    a comma inside a value (``max_autotune_gemm_backends=ATEN,TRITON``) stays part of that value.
+    """
+    if isinstance(value, str):
+        return tuple(item.strip() for item in _ITEM_START.split(value) if item.strip())
+    if isinstance(value, Mapping):
+        return tuple(f"{k}={v}" for k, v in value.items())
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise ConfigError(f"{source}: 'inductor_config' must be a table, a list of 'KEY=VALUE' strings or one such "
+                      f"string, got {value!r}")
+
+
+def _spec_shape(name: object, value: object, where: str) -> ShapeRange:
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - {"min", "max"})
+        if unknown or "max" not in value or "min" not in value:
+            raise ConfigError(f"{where}: shape {name!r} must be 'MIN..MAX' or {{min = MIN, max = MAX}}, got "
+                              f"{dict(value)!r}")
+        low, high = value["min"], value["max"]
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)):
+            raise ConfigError(f"{where}: shape {name!r} needs whole numbers for min and max, got {dict(value)!r}")
+        text = f"{name}={low}..{high}"
+    elif isinstance(value, (str, int)) and not isinstance(value, bool):
+        text = f"{name}={value}"
+    else:
+        raise ConfigError(f"{where}: shape {name!r} must be 'MIN..MAX' or {{min = MIN, max = MAX}}, got {value!r}")
+    try:
+        return parse_shape(text)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def load_spec(path: str | Path) -> Spec:
+    """A TOML or JSON warm spec, checked: an unknown key or a value of the wrong type is a ConfigError."""
     p = Path(path)
+    where = f"spec {str(p)!r}"
     try:
         text = p.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read spec {str(p)!r}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where} is not a text file") from None
     try:
         if p.suffix == ".toml":
             try:
                 import tomllib
             except ImportError:  # Python 3.10
-                import tomli as tomllib  # type: ignore[no-redef]
+                import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
 
             data = tomllib.loads(text)
         else:
             data = json.loads(text)
     except ValueError as exc:
-        raise ConfigError(f"spec {str(p)!r} is not valid {'TOML' if p.suffix == '.toml' else 'JSON'}: {exc}") from None
+        fmt = "TOML" if p.suffix == ".toml" else "JSON"
+        raise ConfigError(f"{where} is not valid {fmt}: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, Mapping):
-        raise ConfigError(f"spec {str(p)!r} must be a table/object")
+        raise ConfigError(f"{where} must be a table/object")
+    unknown = [k for k in data if k not in SPEC_KEYS]
+    if unknown:
+        hints = [f"{k!r} (did you mean {k.replace('-', '_')!r}?)" if k.replace("-", "_") in SPEC_KEYS else repr(k)
+                 for k in unknown]
+        raise ConfigError(f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(hints)} "
+                          f"(known: {', '.join(SPEC_KEYS)})")
+
+    def text_of(key: str) -> str | None:
+        value = data.get(key)
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"{where}: {key!r} must be a string, got {value!r}")
+        return value
+
     shapes = data.get("shapes", {})
     if not isinstance(shapes, Mapping):
-        raise ConfigError(f"spec {str(p)!r}: 'shapes' must map names to 'MIN..MAX'")
-    out = dict(data)
-    out["shapes"] = tuple(
-        parse_shape(f"{k}={v['min']}..{v['max']}" if isinstance(v, Mapping) else f"{k}={v}") for k, v in shapes.items()
+        raise ConfigError(f"{where}: 'shapes' must map names to 'MIN..MAX'")
+    memory = data.get("device_memory")
+    if memory is not None and (isinstance(memory, bool) or not isinstance(memory, (str, int))):
+        raise ConfigError(f"{where}: 'device_memory' must be a size such as \"64GiB\" or a byte count, got {memory!r}")
+    ratio = data.get("ratio")
+    if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (str, int, float))):
+        raise ConfigError(f"{where}: 'ratio' must be a number in (0, 1], got {ratio!r}")
+    mode, kind, points = text_of("mode"), text_of("device_kind"), data.get("points")
+    return Spec(
+        path=str(p),
+        target=text_of("target"),
+        shapes=tuple(_spec_shape(k, v, where) for k, v in shapes.items()),
+        plans=text_of("plans"),
+        device=text_of("device"),
+        device_kind=check_device_kind(kind, f"{where}: device_kind") if kind is not None else None,
+        device_memory=memory,
+        ratio=ratio,
+        mode=check_mode(mode, f"{where}: mode") if mode is not None else None,
+        points=check_points(points, f"{where}: points") if points is not None else None,
+        inductor_config=(split_inductor_config(data["inductor_config"], where)
+                         if data.get("inductor_config") is not None else ()),
     )
-    return out
 
 
 def load_target(spec: str) -> Callable[..., Any]:
@@ -114,7 +235,7 @@ def load_target(spec: str) -> Callable[..., Any]:
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ConfigError(f"invalid target {spec!r}: {module_part!r} has no callable {attr!r}")
-    return fn
+    return fn  # type: ignore[no-any-return]
 
 
 def build(fn: Callable[..., Any], sizes: Mapping[str, int], device: str) -> tuple[Any, tuple[Any, ...]]:
@@ -127,7 +248,10 @@ def build(fn: Callable[..., Any], sizes: Mapping[str, int], device: str) -> tupl
         raise ConfigError(f"target takes no size named {unknown[0]!r} (it takes: {', '.join(params) or 'nothing'})")
     if "device" in params or accepts_any:
         kwargs["device"] = device
-    result = fn(**kwargs)
+    try:
+        result = fn(**kwargs)
+    except Exception as exc:
+        raise ConfigError(f"target {_name(fn)}({_call_args(kwargs)}) raised {type(exc).__name__}: {_first_line(exc)}") from None
     if isinstance(result, Mapping):
         model, inputs = result.get("model"), result.get("inputs", ())
     elif isinstance(result, tuple) and len(result) == 2:
@@ -140,23 +264,70 @@ def build(fn: Callable[..., Any], sizes: Mapping[str, int], device: str) -> tupl
     return model, inputs
 
 
+def _name(fn: Callable[..., Any]) -> str:
+    return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or fn)
 
 
-def parse_inductor_config(items: list[str]) -> dict[str, Any]:
+def _call_args(kwargs: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else "(no message)"
+
+
+def split_item(item: str) -> tuple[str, str]:
+    """``"KEY=VALUE"`` -> (key, value), checked for form only (no torch import)."""
+    name, sep, raw = item.partition("=")
+    name = name.strip()
+    if not sep or not name:
+        raise ConfigError(f"invalid inductor config {item!r} (expected KEY=VALUE, e.g. freezing=True)")
+    return name, raw.strip()
+
+
+def merge_inductor_config(*layers: tuple[str, ...]) -> tuple[str, ...]:
+    """The items of every layer, a later layer's KEY replacing an earlier one's (the command line last)."""
+    merged: dict[str, str] = {}
+    for layer in layers:
+        for item in layer:
+            name, raw = split_item(item)
+            merged.pop(name, None)
+            merged[name] = f"{name}={raw}"
+    return tuple(merged.values())
+
+
+def check_device(device: str) -> str:
+    """``device`` if torch can build a model on it here, else a ConfigError saying why (imports torch)."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise ConfigError(f"--device {device!r} is not a device: {_first_line(exc)}") from None
+    if kind == "cpu" or kind == "meta":
+        return device
+    backend = getattr(torch, kind, None)
+    is_available = getattr(backend, "is_available", None)
+    if is_available is None or not is_available():
+        raise ConfigError(f"--device {device!r}: no {kind} device is available to this torch build "
+                          f"({torch.__version__}); use --device cpu, or --plans to decide for another device")
+    return device
+
+
+def parse_inductor_config(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """``["freezing=True", "max_autotune_gemm_backends=ATEN"]`` -> checked Inductor config overrides."""
     from torch._inductor import config
 
     out: dict[str, Any] = {}
     for item in items:
-        name, sep, raw = item.partition("=")
-        name = name.strip()
-        if not sep or not name:
-            raise ConfigError(f"invalid inductor config {item!r} (expected KEY=VALUE, e.g. freezing=True)")
+        name, raw = split_item(item)
         try:
-            current = getattr(config, name)
+            current: Any = config
+            for part in name.split("."):
+                current = getattr(current, part)
         except AttributeError:
             raise ConfigError(f"invalid inductor config {item!r}: torch._inductor.config has no {name!r}") from None
-        raw = raw.strip()
         if isinstance(current, bool):
             if raw.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
                 raise ConfigError(f"invalid inductor config {item!r}: {name} takes a boolean")

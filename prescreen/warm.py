@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from prescreen.budget import Budget, resolve_ratio
 from prescreen.errors import ConfigError, NotBounded
+from prescreen.expr import Const
 from prescreen.plan import KernelPlan
 from prescreen.service import OBSERVERS, Outcome, lookup_or_decide
 from prescreen.store.base import Store, StoreStats
 from prescreen.store.entry import Entry
-from prescreen.target import ShapeRange, build, load_target, shape_points
+from prescreen.target import ShapeRange, build, check_device, load_target, shape_points
 
 
 class ReadOnlyStore(Store):
@@ -57,6 +60,7 @@ class Record:
     budget_bytes: int
     hit: bool
     reason: str
+    site: str = ""  # the kernel independent of the sizes it was compiled at (see kernel_site)
 
 
 @dataclasses.dataclass
@@ -68,6 +72,13 @@ class WarmReport:
     seconds: float = 0.0
     dry_run: bool = False
     store: str = ""
+    #: Why nothing was guarded, and what to change, when a compile saw no autotuned kernel.
+    hints: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def kernels(self) -> int:
+        """Distinct kernels (a GEMM compiled at several sizes counts once)."""
+        return len({r.site or r.key for r in self.records})
 
     @property
     def tuned(self) -> int:
@@ -94,7 +105,8 @@ class WarmReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "kernels_seen": len(self.unique()),
+            "kernels": self.kernels,
+            "decisions_made": len(self.unique()),
             "lookups": len(self.records),
             "tuned": self.tuned,
             "fell_back": self.fell_back,
@@ -104,8 +116,21 @@ class WarmReport:
             "seconds": round(self.seconds, 3),
             "dry_run": self.dry_run,
             "store": self.store,
+            "hints": list(self.hints),
             "decisions": [dataclasses.asdict(r) for r in self.unique()],
         }
+
+
+def kernel_site(plan: KernelPlan) -> str:
+    """A short digest of the kernel with its dynamic sizes left out: name, and each arg's name, dtype and
+    static dims (a dynamic dim is ``?``).
+
+    Compiling one model at several sizes gives one decision per kernel and shape family; this
+    is what says they are the same kernel, so ``warm`` counts kernels as kernels.
+    """
+    args = [(a.name, getattr(a, "dtype", ""), [e.value if isinstance(e, Const) else "?" for e in getattr(a, "size", ())])
+            for a in plan.args]
+    return hashlib.sha256(json.dumps([plan.display_name, args]).encode()).hexdigest()[:16]
 
 
 def _observer(report: WarmReport, sizes: Mapping[str, int]) -> Callable[[Outcome, KernelPlan], None]:
@@ -113,10 +138,44 @@ def _observer(report: WarmReport, sizes: Mapping[str, int]) -> Callable[[Outcome
         d = outcome.decision
         report.records.append(
             Record(outcome.key, plan.display_name, dict(sizes), d.action, d.bounded, d.estimated_bytes,
-                   d.budget_bytes, outcome.hit, d.reason)
+                   d.budget_bytes, outcome.hit, d.reason, kernel_site(plan))
         )
 
     return observe
+
+
+def select_points(shapes: tuple[ShapeRange, ...], points: int) -> list[dict[str, int]]:
+    """The sizes ``warm`` compiles at: ``points`` per shape family, every combination (one ``{}`` without shapes).
+
+    The one place that picks them, so a change of policy (one point per bucket, say) stays here.
+    """
+    return list(shape_points(shapes, points)) if shapes else [{}]
+
+
+#: Inductor settings that print autotune tables on stderr; ``warm`` sets them quiet unless ``verbose``.
+QUIET_AUTOTUNE: dict[str, Any] = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
+
+
+def _settings(inductor_config: Mapping[str, Any] | None, verbose: bool) -> dict[str, Any]:
+    """The Inductor config patch for the compiles: quiet autotuning unless verbose; the caller's settings win."""
+    from torch._inductor import config
+
+    quiet = {k: v for k, v in QUIET_AUTOTUNE.items() if not verbose and hasattr(config, k)}
+    return {**quiet, **dict(inductor_config or {})}
+
+
+def why_nothing_was_guarded(device: str, mode: str, settings: Mapping[str, Any]) -> list[str]:
+    """What to change when the compiles saw no autotuned kernel (``warm`` prints these instead of an empty table)."""
+    hints = ["prescreen guards Inductor's autotune benchmarks, and these compiles ran none."]
+    if mode not in ("max-autotune", "max-autotune-no-cudagraphs") and not settings.get("max_autotune"):
+        hints.append(f"--mode {mode} does not autotune: use --mode max-autotune.")
+    if device.split(":")[0] == "cpu" and not settings.get("freezing"):
+        hints.append("On CPU, Inductor autotunes GEMM templates only for frozen weights: add "
+                     "--inductor-config freezing=True (or inductor_config = \"freezing=True\" in the spec).")
+    if len(hints) == 1:
+        hints.append("The model may hold no GEMM or convolution Inductor autotunes at these sizes; try larger "
+                     "shapes, or -v to see Inductor's autotune output.")
+    return hints
 
 
 def warm_model(
@@ -131,24 +190,32 @@ def warm_model(
     points: int = 2,
     dry_run: bool = False,
     inductor_config: Mapping[str, Any] | None = None,
+    verbose: bool = False,
     progress: Callable[[int, int, dict[str, int]], None] | None = None,
 ) -> WarmReport:
-    """Compile ``target`` once per shape point (fresh each time) with the hooks on."""
+    """Compile ``target`` once per shape point (fresh each time) with the hooks on.
+
+    A target that raises, or a compile that fails, is a ``ConfigError`` naming the sizes and the cause.
+    """
     import torch
     from torch._inductor import config as inductor_settings
 
     from prescreen.hooks import activation, state
 
-    fn = load_target(target)
     resolve_ratio(ratio)  # a bad ratio is an error before any compile
+    check_device(device)
+    fn = load_target(target)
     used = ReadOnlyStore(store) if dry_run else store
     report = WarmReport(dry_run=dry_run, store=store.location)
-    grid = list(shape_points(shapes, points)) if shapes else [{}]
+    grid = select_points(shapes, points)
+    settings = _settings(inductor_config, verbose)
     start = time.perf_counter()
     was_active = activation.is_installed()
     activation.install(store=used, device_memory=device_memory, ratio=ratio)
     try:
-        with inductor_settings.patch(dict(inductor_config or {})):
+        with inductor_settings.patch(settings), warnings.catch_warnings():
+            if not verbose:
+                warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.")
             for i, sizes in enumerate(grid):
                 if progress:
                     progress(i, len(grid), sizes)
@@ -161,6 +228,13 @@ def warm_model(
                     with torch.no_grad():
                         compiled(*inputs)
                     report.compiles += 1
+                except ConfigError:
+                    raise
+                except Exception as exc:
+                    at = ", ".join(f"{k}={v}" for k, v in sizes.items()) or "its example inputs"
+                    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+                    raise ConfigError(f"compiling {target} at {at} failed: {type(exc).__name__}: "
+                                      f"{lines[0] if lines else '(no message)'}") from None
                 finally:
                     OBSERVERS.remove(observer)
         if progress:
@@ -170,6 +244,8 @@ def warm_model(
         if not was_active:
             activation.uninstall()
     report.seconds = time.perf_counter() - start
+    if report.compiles and not report.records:
+        report.hints = why_nothing_was_guarded(device, mode, settings)
     return report
 
 

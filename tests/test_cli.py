@@ -138,8 +138,8 @@ def test_warm_plans_summary_and_decisions(tmp_path: Path, plans_file: Path) -> N
     out = ok(invoke(cache, "warm", "--plans", str(plans_file), "--device-memory", "1MiB"))
     assert "prescreen warm" in out and "dry run" not in out
     summary, *decisions = rows(out)
-    # kernels seen, tuned, fell back, not bounded, largest estimate, compiles, time
-    assert summary[:6] == ["3", "2", "1", "0", "48.0 MiB", "0"]
+    # kernels, decisions, tuned, fell back, not bounded, largest estimate, compiles, time
+    assert summary[:7] == ["3", "3", "2", "1", "0", "48.0 MiB", "0"]
     assert len(decisions) == 3
     assert {r[1]: r[3] for r in decisions} == {"triton_poi_fused_add_0": "tune", "triton_poi_fused_mul_1": "tune",
                                               HUGE: "fallback"}
@@ -147,7 +147,7 @@ def test_warm_plans_summary_and_decisions(tmp_path: Path, plans_file: Path) -> N
     assert {r[0] for r in decisions} == {e["key"][:12] for e in stored(cache)}
 
     again = rows(ok(invoke(cache, "warm", "--plans", str(plans_file), "--device-memory", "1MiB")))
-    assert again[0][:4] == ["3", "2", "1", "0"]
+    assert again[0][:5] == ["3", "3", "2", "1", "0"]
     assert {r[6] for r in again[1:]} == {"hit"}
     assert len(stored(cache)) == 3
 
@@ -155,8 +155,9 @@ def test_warm_plans_summary_and_decisions(tmp_path: Path, plans_file: Path) -> N
 def test_warm_plans_json(tmp_path: Path, plans_file: Path) -> None:
     cache = tmp_path / "cache"
     report = ok_json(invoke(cache, "warm", "--plans", str(plans_file), "--device-memory", "1MiB", "--json"))
-    assert {k: report[k] for k in ("kernels_seen", "lookups", "tuned", "fell_back", "not_bounded", "compiles")} == {
-        "kernels_seen": 3, "lookups": 3, "tuned": 2, "fell_back": 1, "not_bounded": 0, "compiles": 0}
+    assert {k: report[k] for k in ("kernels", "decisions_made", "lookups", "tuned", "fell_back", "not_bounded",
+                                   "compiles")} == {
+        "kernels": 3, "decisions_made": 3, "lookups": 3, "tuned": 2, "fell_back": 1, "not_bounded": 0, "compiles": 0}
     assert report["dry_run"] is False and report["store"] == str(cache)
     assert report["largest_estimated_bytes"] == max(d["estimated_bytes"] for d in report["decisions"])
     assert {d["kernel"]: d["action"] for d in report["decisions"]} == {
@@ -182,7 +183,7 @@ def test_warm_plans_dry_run_stores_nothing(tmp_path: Path, plans_file: Path) -> 
     cache = tmp_path / "cache"
     args = ("warm", "--plans", str(plans_file), "--device-memory", "1MiB", "--dry-run")
     report = ok_json(invoke(cache, *args, "--json"))
-    assert report["dry_run"] is True and (report["tuned"], report["fell_back"], report["kernels_seen"]) == (2, 1, 3)
+    assert report["dry_run"] is True and (report["tuned"], report["fell_back"], report["decisions_made"]) == (2, 1, 3)
     assert "dry run: nothing stored" in ok(invoke(cache, *args))
     assert stored(cache) == []
     assert ok(invoke(cache, "inspect")).count("0 decisions") == 1
@@ -201,8 +202,8 @@ def test_warm_plans_drawn_payloads(payloads: list[dict[str, object]], memory: st
         cache = Path(tmp) / "cache"
         report = ok_json(invoke(cache, "warm", "--plans", str(path), "--device-memory", memory, "--json"))
         keys = [d["key"] for d in report["decisions"]]
-        assert report["lookups"] == len(payloads) and report["kernels_seen"] == len(set(keys)) == len(keys)
-        assert report["tuned"] + report["fell_back"] + report["not_bounded"] == report["kernels_seen"]
+        assert report["lookups"] == len(payloads) and report["decisions_made"] == len(set(keys)) == len(keys)
+        assert report["tuned"] + report["fell_back"] + report["not_bounded"] == report["decisions_made"]
         assert report["not_bounded"] == 0  # plan_payloads draws boundable plans only
         assert keys_of(stored(cache)) == set(keys)
 
@@ -215,7 +216,7 @@ def test_warm_accepts_a_plans_object_and_an_export_bundle(tmp_path: Path, filled
     for source, lookups in ((wrapped, 3), (bundle, 6)):
         report = ok_json(invoke(tmp_path / "fresh", "warm", "--plans", str(source), "--device-memory", "1MiB",
                                 "--json", "--dry-run"))
-        assert report["lookups"] == lookups and report["kernels_seen"] == 3  # the bundle holds each plan twice
+        assert report["lookups"] == lookups and report["decisions_made"] == 3  # the bundle holds each plan twice
 
 
 # --- inspect ---------------------------------------------------------------------------------------------------------
@@ -517,14 +518,15 @@ def test_warm_real_compile(started: Started) -> None:
     assert "Traceback" not in done.stderr
     report = json.loads(done.stdout)
     assert report["compiles"] >= 1
-    assert set(report) >= {"kernels_seen", "lookups", "tuned", "fell_back", "not_bounded", "largest_estimated_bytes",
+    assert set(report) >= {"kernels", "decisions_made", "lookups", "tuned", "fell_back", "not_bounded", "largest_estimated_bytes",
                            "compiles", "seconds", "dry_run", "store", "decisions"}
     assert report["dry_run"] is False and isinstance(report["decisions"], list)
-    assert report["kernels_seen"] == len(report["decisions"])
-    assert report["tuned"] + report["fell_back"] + report["not_bounded"] == report["kernels_seen"]
+    assert report["decisions_made"] == len(report["decisions"])
+    assert 1 <= report["kernels"] <= report["decisions_made"]
+    assert report["tuned"] + report["fell_back"] + report["not_bounded"] == report["decisions_made"]
     for d in report["decisions"]:
         assert set(d) == {"key", "kernel", "sizes", "action", "bounded", "estimated_bytes", "budget_bytes", "hit",
-                          "reason"}
+                          "reason", "site"}
 
 
 def test_inspect_verify_recomputes_stored_decisions(tmp_path) -> None:

@@ -36,11 +36,11 @@ def test_load_spec_toml_and_json(tmp_path) -> None:
     toml = tmp_path / "warm.toml"
     toml.write_text('target = "m:f"\nratio = 0.5\n[shapes]\nbatch = "1..64"\nseq = { min = 16, max = 2048 }\n')
     spec = load_spec(toml)
-    assert spec["target"] == "m:f" and spec["ratio"] == 0.5
-    assert spec["shapes"] == (ShapeRange("batch", 1, 64), ShapeRange("seq", 16, 2048))
+    assert spec.target == "m:f" and spec.ratio == 0.5
+    assert spec.shapes == (ShapeRange("batch", 1, 64), ShapeRange("seq", 16, 2048))
     js = tmp_path / "warm.json"
     js.write_text('{"target": "m:f", "shapes": {"batch": "2..8"}}')
-    assert load_spec(js)["shapes"] == (ShapeRange("batch", 2, 8),)
+    assert load_spec(js).shapes == (ShapeRange("batch", 2, 8),)
 
 
 def test_load_spec_errors_name_the_file(tmp_path) -> None:
@@ -81,3 +81,73 @@ def test_inductor_config_overrides_are_checked() -> None:
         parse_inductor_config(["freezing=maybe"])
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
         parse_inductor_config(["freezing"])
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('device-memory = "64GiB"', "unknown key 'device-memory' (did you mean 'device_memory'?)"),
+        ('target = "m:f"\nbudget = 3\nextra = 1', "unknown keys 'budget', 'extra'"),
+        ('points = "abc"', "points 'abc' is not a whole number from 1 to 16"),
+        ("points = 0", "points 0 is not a whole number from 1 to 16"),
+        ("[shapes]\nbatch = { min = 1 }", "shape 'batch' must be 'MIN..MAX' or {min = MIN, max = MAX}"),
+        ('[shapes]\nbatch = { min = "a", max = 2 }', "needs whole numbers for min and max"),
+        ('mode = "nonsense"', "mode 'nonsense' is not a torch.compile mode"),
+        ('device_kind = "banana"', "device_kind 'banana' is not a device kind"),
+        ("device_memory = true", "'device_memory' must be a size"),
+        ("inductor_config = 3", "'inductor_config' must be a table"),
+        ("target = 3", "'target' must be a string"),
+    ],
+)
+def test_load_spec_rejects_what_it_does_not_know(tmp_path, text: str, needle: str) -> None:
+    spec = tmp_path / "warm.toml"
+    spec.write_text(text + "\n")
+    with pytest.raises(ConfigError) as caught:
+        load_spec(spec)
+    assert needle in str(caught.value) and "warm.toml" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "items"),
+    [
+        ('"freezing=True"', ("freezing=True",)),
+        ('"freezing=True, max_autotune_gemm_backends=ATEN,TRITON"',
+         ("freezing=True", "max_autotune_gemm_backends=ATEN,TRITON")),
+        ('["freezing=True", "max_autotune=1"]', ("freezing=True", "max_autotune=1")),
+        ("{ freezing = true, autotune_num_choices_displayed = 3 }",
+         ("freezing=True", "autotune_num_choices_displayed=3")),
+    ],
+)
+def test_spec_inductor_config_forms(tmp_path, value: str, items: tuple[str, ...]) -> None:
+    spec = tmp_path / "warm.toml"
+    spec.write_text(f"inductor_config = {value}\n")
+    assert load_spec(spec).inductor_config == items
+
+
+def test_inductor_config_layers_merge_key_by_key() -> None:
+    from prescreen.target import merge_inductor_config
+
+    assert merge_inductor_config(("freezing=True", "max_autotune=1"), ("freezing=False",)) == (
+        "max_autotune=1", "freezing=False")
+    parsed = parse_inductor_config(merge_inductor_config(("freezing=True",), ("freezing = off",)))
+    assert parsed == {"freezing": False}
+
+
+def test_a_target_that_raises_is_a_config_error(tmp_path) -> None:
+    f = tmp_path / "t.py"
+    f.write_text("def make(batch=2):\n    raise RuntimeError('out of ideas\\nsecond line')\n")
+    with pytest.raises(ConfigError, match=r"target make\(batch=5\) raised RuntimeError: out of ideas$"):
+        build(load_target(f"{f}:make"), {"batch": 5}, "cpu")
+
+
+def test_check_device() -> None:
+    import torch
+
+    from prescreen.target import check_device
+
+    assert check_device("cpu") == "cpu"
+    with pytest.raises(ConfigError, match="--device 'nosuchdev' is not a device"):
+        check_device("nosuchdev")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no cuda device is available"):
+            check_device("cuda")

@@ -1,0 +1,224 @@
+"""The picture: per-group benchmark bytes against the budget, in the terminal, as HTML, or as PNG.
+
+``prescreen inspect KEY`` draws one entry's groups as a bar chart (largest first,
+the budget as a line, the dominant arg named); ``prescreen report --html`` writes
+the same for every fallback in the store, for a deployment review. Nothing here
+imports torch.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prescreen.budget import format_bytes
+from prescreen.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rich.console import RenderableType
+
+    from prescreen.store.entry import Entry
+
+#: Bars drawn per entry; the rest are summed into one line.
+MAX_BARS = 12
+
+_DOMINANT = re.compile(r"dominant=\(group_id=(\d+) arg=(\S+) .*bytes=(\d+)\)")
+
+
+def short_reason(action: str, bounded: bool, estimated: int | None, budget: int, reason: str) -> str:
+    """A decision's reason in a few words: ``48.0 MiB > 256.0 KiB (in_ptr0)``, ``not bounded: runtime_dependent``."""
+    if not bounded:
+        cause = reason.split(" is not bounded: ", 1)[-1]
+        return "not bounded: " + cause.split(":", 1)[0].strip()
+    if action == "fallback" and reason.startswith("observed_oom"):
+        return "observed OOM"
+    if estimated is None:
+        return reason
+    if action == "tune":
+        return f"{format_bytes(estimated)} <= {format_bytes(budget)}"
+    dominant = _DOMINANT.search(reason)
+    by = f" ({dominant.group(2)} in group {dominant.group(1)})" if dominant else ""
+    return f"{format_bytes(estimated)} > {format_bytes(budget)}{by}"
+
+
+def group_labels(plan: Mapping[str, Any], group_ids: Iterable[int]) -> dict[int, str]:
+    """``{group id: "x0 in (8, 16]"}`` from the plan's group features (``group N`` where the plan has none)."""
+    ids = list(group_ids)
+    try:
+        from prescreen.plan import GroupFeature
+        from prescreen.representatives import decode_bucket_indices
+
+        features = tuple(GroupFeature.from_payload(f) for f in plan.get("group_features") or ())
+    except (ValueError, TypeError):
+        features = ()
+    if not features:
+        return {g: f"group {g}" for g in ids}
+    out = {}
+    for g in ids:
+        parts = []
+        for feature, idx in zip(features, decode_bucket_indices(g, features)):
+            lower = feature.buckets[idx - 1] if idx > 0 else 0
+            upper = feature.buckets[idx] if idx < len(feature.buckets) else None
+            parts.append(f"{feature.name} > {lower}" if upper is None else f"{feature.name} in ({lower}, {upper}]")
+        out[g] = ", ".join(parts)
+    return out
+
+
+class Bars:
+    """One entry's per-group bytes, largest first, with the budget and the dominant arg."""
+
+    def __init__(self, entry: Entry, limit: int = MAX_BARS) -> None:
+        d = entry.decision
+        self.key, self.kernel, self.budget = entry.key, entry.kernel, d.budget_bytes
+        ranked = sorted(d.group_bytes, key=lambda gb: (-gb[1], gb[0]))
+        labels = group_labels(entry.plan, [g for g, _ in ranked[:limit]])
+        self.rows: list[tuple[int, str, int]] = [(g, labels[g], b) for g, b in ranked[:limit]]
+        rest = ranked[limit:]
+        self.rest_count, self.rest_max = len(rest), max((b for _, b in rest), default=0)
+        self.over = sum(b > self.budget for _, b in ranked)
+        self.groups = len(ranked)
+        arg = d.dominant_arg
+        self.dominant = (arg.group_id, arg.name, arg.num_bytes) if arg is not None else None
+        self.action, self.bounded = d.action, d.bounded
+        self.reason = short_reason(d.action, d.bounded, d.estimated_bytes, d.budget_bytes, d.reason)
+
+    @property
+    def scale(self) -> int:
+        return max([self.budget, *(b for _, _, b in self.rows)]) or 1
+
+    def caption(self) -> str:
+        if not self.groups:
+            return "no per-group bytes (the footprint was not bounded)"
+        text = f"{self.over} of {self.groups} groups over the budget {format_bytes(self.budget)}"
+        if self.dominant:
+            g, name, nbytes = self.dominant
+            text += f"; dominant arg {name} ({format_bytes(nbytes)}) in group {g}"
+        return text
+
+
+def bar_chart(entry: Entry, width: int = 80) -> RenderableType:
+    """The terminal chart: one bar per group (largest first), ``│`` where the budget is, over-budget bars red."""
+    from rich.console import Group
+    from rich.text import Text
+
+    bars = Bars(entry)
+    lines: list[Text] = [Text(f"per-group bytes vs budget ({bars.caption()})", style="bold")]
+    if not bars.rows:
+        return Group(*lines)
+    label_w = min(max(len(label) for _, label, _ in bars.rows), max(12, width // 3))
+    size_w = max(len(format_bytes(b)) for _, _, b in bars.rows)
+    bar_w = max(10, width - label_w - size_w - 6)
+    mark = min(bar_w - 1, round(bars.budget / bars.scale * bar_w))
+    for g, label, nbytes in bars.rows:
+        filled = max(1 if nbytes else 0, round(nbytes / bars.scale * bar_w))
+        over = nbytes > bars.budget
+        cells = "".join("█" if i < filled else ("│" if i == mark else " ") for i in range(bar_w))
+        if mark < filled:
+            cells = cells[:mark] + "│" + cells[mark + 1:]
+        star = "*" if bars.dominant and bars.dominant[0] == g else " "
+        line = Text(f"{label[:label_w]:<{label_w}} ")
+        line.append(cells, style="red" if over else "green")
+        line.append(f" {format_bytes(nbytes):>{size_w}}{star}")
+        lines.append(line)
+    if bars.rest_count:
+        lines.append(Text(f"... {bars.rest_count} more groups, none above {format_bytes(bars.rest_max)}", style="dim"))
+    legend = f"budget {format_bytes(bars.budget)} at │"
+    if bars.dominant:
+        legend += f"   * group of the dominant arg {bars.dominant[1]}"
+    lines.append(Text(legend, style="dim"))
+    return Group(*lines)
+
+
+def _svg(bars: Bars, width: int = 720) -> str:
+    row_h, label_w, pad = 22, 220, 8
+    bar_w = width - label_w - 110
+    height = row_h * max(1, len(bars.rows)) + 2 * pad
+    x_budget = label_w + bars.budget / bars.scale * bar_w
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">']
+    for i, (g, label, nbytes) in enumerate(bars.rows):
+        y = pad + i * row_h
+        w = max(1.0, nbytes / bars.scale * bar_w)
+        color = "#c0392b" if nbytes > bars.budget else "#27ae60"
+        out.append(f'<text x="{label_w - 6}" y="{y + 15}" text-anchor="end" font-size="12">{html.escape(label)}</text>')
+        out.append(f'<rect x="{label_w}" y="{y + 3}" width="{w:.1f}" height="{row_h - 6}" fill="{color}">'
+                   f'<title>group {g}: {nbytes} bytes</title></rect>')
+        out.append(f'<text x="{label_w + w + 4:.1f}" y="{y + 15}" font-size="12">{format_bytes(nbytes)}</text>')
+    out.append(f'<line x1="{x_budget:.1f}" x2="{x_budget:.1f}" y1="0" y2="{height}" stroke="#000" '
+               f'stroke-dasharray="4 3"><title>budget {bars.budget} bytes</title></line>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def write_html(entries: Sequence[Entry], path: str | Path, title: str) -> int:
+    """One self-contained HTML page: a chart and the exact numbers for each entry. Returns the entries written."""
+    sections = []
+    for e in entries:
+        bars = Bars(e)
+        rows = "".join(
+            f"<tr><td>{g}</td><td>{html.escape(label)}</td><td class=n>{nbytes}</td><td class=n>"
+            f"{format_bytes(nbytes)}</td><td>{'over' if nbytes > bars.budget else 'fits'}</td></tr>"
+            for g, label, nbytes in bars.rows)
+        if bars.rest_count:
+            rows += f"<tr><td colspan=5>... {bars.rest_count} more groups, none above {bars.rest_max} bytes</td></tr>"
+        p = e.parts
+        sections.append(
+            f"<section><h2>{html.escape(e.kernel)} <code>{e.key[:12]}</code></h2>"
+            f"<p>{html.escape(p.device_kind)} {format_bytes(p.total_memory)} x {p.ratio:g}: budget "
+            f"<b>{bars.budget}</b> bytes ({format_bytes(bars.budget)}); decision <b>{e.decision.action}</b>: "
+            f"{html.escape(bars.reason)}</p><p>{html.escape(bars.caption())}</p>"
+            + (_svg(bars) if bars.rows else "")
+            + "<table><tr><th>group</th><th>shape family</th><th>bytes</th><th></th><th></th></tr>"
+            + rows + "</table></section>")
+    made = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    page = (
+        "<!doctype html><html><head><meta charset=utf-8>"
+        f"<title>{html.escape(title)}</title><style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}"
+        "td,th{padding:2px 8px;text-align:left}.n{text-align:right;font-family:monospace}"
+        "section{border-top:1px solid #ccc;margin-top:1.5em}</style></head><body>"
+        f"<h1>{html.escape(title)}</h1><p>{len(entries)} fallbacks, written {made}.</p>"
+        + ("".join(sections) or "<p>No fallbacks in the store.</p>") + "</body></html>\n")
+    _write(path, page.encode())
+    return len(entries)
+
+
+def write_png(entries: Sequence[Entry], path: str | Path) -> int:
+    """The same charts as one PNG (needs matplotlib: ``pip install 'prescreen[plot]'``)."""
+    try:
+        import matplotlib  # type: ignore[import-not-found,unused-ignore]
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        raise ConfigError("--png needs matplotlib, which is not installed (pip install 'prescreen[plot]')") from None
+    charts = [Bars(e) for e in entries] or []
+    fig, axes = plt.subplots(max(1, len(charts)), 1, figsize=(9, 1.2 + 0.35 * MAX_BARS * max(1, len(charts))),
+                             squeeze=False)
+    for ax, bars in zip(axes[:, 0], charts):
+        labels = [label for _, label, _ in bars.rows][::-1]
+        values = [nbytes for _, _, nbytes in bars.rows][::-1]
+        ax.barh(labels, values, color=["#c0392b" if v > bars.budget else "#27ae60" for v in values])
+        ax.axvline(bars.budget, color="black", linestyle="--", label=f"budget {format_bytes(bars.budget)}")
+        ax.set_title(f"{bars.kernel} {bars.key[:12]}: {bars.caption()}", fontsize=8)
+        ax.set_xlabel("bytes")
+        ax.legend(fontsize=7)
+    if not charts:
+        axes[0, 0].text(0.5, 0.5, "No fallbacks in the store.", ha="center")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, format="png")
+    except OSError as exc:
+        raise ConfigError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
+    return len(charts)
+
+
+def _write(path: str | Path, data: bytes) -> None:
+    try:
+        Path(path).write_bytes(data)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
