@@ -215,8 +215,14 @@ def instrument(meter: Meter) -> None:
 
     inner_fusion = scheduler.Scheduler.speedup_by_fusion
 
+    def benchmarked(node1: Any, node2: Any) -> bool:
+        try:
+            return sel._is_benchmarked_fusion(node1, node2)
+        except Exception:
+            return False
+
     def fusion(self: Any, node1: Any, node2: Any, *args: Any, **kwargs: Any) -> Any:
-        if not sel._is_benchmarked_fusion(node1, node2):
+        if not benchmarked(node1, node2):
             return inner_fusion(self, node1, node2, *args, **kwargs)
         meter.enter("fusion", "epilogue", estimate(lambda: sel.plan_for_fusion(node1, node2)))
         try:
@@ -257,7 +263,11 @@ def run_case(name: str, meter: Meter) -> dict[str, Any]:
 
     torch._dynamo.reset()
     torch.cuda.empty_cache()
-    fn, inputs = CASES[name]()
+    try:
+        fn, inputs = CASES[name]()
+    except Exception as exc:  # e.g. a dtype this stack lacks
+        return {"case": name, "ok": False, "error": f"setup: {exc!r}"[:200], "steps": [], "whole_peak": 0,
+                "largest_lookup_estimate": 0, "seconds": 0}
     ref = None
     try:
         with torch.no_grad():
@@ -346,13 +356,22 @@ def main() -> None:
     rows = []
     for name in args.cases.split(","):
         print(f"== {name}", flush=True)
-        row = run_case(name, meter)
+        try:
+            row = run_case(name, meter)
+        except Exception as exc:
+            traceback.print_exc()
+            row = {"case": name, "ok": False, "error": repr(exc)[:200], "steps": [], "whole_peak": 0,
+                   "largest_lookup_estimate": 0, "seconds": 0}
+        meter.stack.clear()
         row.update(summarize(row))
         for s in row["steps"]:
             print(f"  step {s['kind']:8s} {s['kernel'][:40]:40s} est {mib(s['estimate']):>9s} MiB  "
                   f"peak {mib(s['step_peak']):>9s} MiB  ratio {s['ratio']}", flush=True)
         print("  ROW " + json.dumps({k: v for k, v in row.items() if k != "steps"}), flush=True)
         rows.append(row)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(rows, fh, indent=1)
     print("\n| case | ok | estimate MiB | whole-compile peak MiB | of which first-call output MiB | "
           "step peak MiB (largest step) | estimate / step peak | min over steps | steps | s |")
     print("|---|---|---|---|---|---|---|---|---|---|")

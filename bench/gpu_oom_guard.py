@@ -88,6 +88,7 @@ def child(args: argparse.Namespace) -> None:
 
         c = state.counters()
         out["lookups"], out["fell_back"], out["estimator_calls"] = c.lookups, c.fell_back, c.estimator_calls
+        out["observed_oom"] = c.observed_oom
     print("RESULT " + json.dumps(out), flush=True)
 
 
