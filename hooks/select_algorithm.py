@@ -17,6 +17,7 @@ from typing import Any
 
 import sympy
 
+from prescreen import families
 from prescreen.errors import NotBounded
 from prescreen.expr import Const, Expr, expr_from_sympy
 from prescreen.hooks import oom, state
@@ -47,12 +48,40 @@ def _strides_of(node: Any) -> Sequence[Any]:
         return node.get_stride()
 
 
+def _source_name(shape_env: Any, sym: Any) -> str | None:
+    """What the user calls a symbol when ``warm`` cannot name it: its first source, e.g. ``L['x'].size()[0]``."""
+    try:
+        source = shape_env.var_to_sources[sym][0]
+        name = source.name() if callable(source.name) else source.name
+        return str(name) or None
+    except Exception:
+        return None
+
+
 class _Converter:
-    """Turns IR sizes into expressions over axes named after their symbols."""
+    """Turns IR sizes into expressions over axes named after their symbols.
+
+    Each symbol's value is the upper bound of its hint's shape family
+    (``prescreen.families``), so the plan, and the key, is the same for every
+    hint in the bucket and the estimate never undercounts one of them. An
+    expression the estimator cannot read is taken at the hint itself.
+    """
 
     def __init__(self, sizevars: Any) -> None:
         self.hint = _hint_fns(sizevars)
+        self.shape_env = getattr(sizevars, "shape_env", None)
+        self.scheme = families.active_scheme()
         self.statics: dict[str, int] = {}
+        self.labels: dict[str, str] = {}
+
+    def _family(self, sym: Any) -> int:
+        hint = self.hint(sym)
+        bucket = families.bucket_for(hint, self.scheme, *families.symbol_range(self.shape_env, sym))
+        if hint in bucket and not (bucket.exact and self.scheme.kind == "exact"):
+            name = families.name_for(hint) or _source_name(self.shape_env, sym) or sym.name
+            self.labels[sym.name] = bucket.describe(name)
+            return bucket.high
+        return hint
 
     def expr(self, e: Any) -> Expr:
         if isinstance(e, int):
@@ -60,7 +89,7 @@ class _Converter:
         e = sympy.sympify(e)
         for sym in e.free_symbols:
             if sym.name not in self.statics:
-                self.statics[sym.name] = self.hint(sym)
+                self.statics[sym.name] = self._family(sym)
         try:
             return expr_from_sympy(e)
         except NotBounded:
@@ -171,6 +200,7 @@ def plan_for_selection(name: str, input_nodes: Sequence[Any], layout: Any) -> Ke
         axis_static_values=tuple((a, conv.statics[a]) for a in axes),
         args=tuple(args),
         kernel_name=f"select:{name}",
+        axis_labels=tuple((a, conv.labels[a]) for a in axes if a in conv.labels),
     )
 
 

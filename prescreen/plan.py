@@ -31,6 +31,10 @@ NPU_META_KEYS: frozenset[str] = frozenset({
     "tensor_arg_specs", "size_arg_specs", "workspace_arg_specs", "extra_launcher_arg_specs",
 })
 
+#: Display-only keys prescreen writes beside a plan (kept, not hashed): ``axis_labels`` names the shape
+#: family each axis value stands for (``batch in (2048, 4096]``, see ``prescreen.families``).
+DISPLAY_KEYS: frozenset[str] = frozenset({"axis_labels"})
+
 #: kernel_name values Inductor writes before the real name is known.
 _NAME_PLACEHOLDERS = ("KERNEL_NAME", "DESCRIPTIVE_NAME", "")
 
@@ -197,7 +201,7 @@ def arg_from_payload(payload: object, where: str) -> ArgSpec:
         stride = tuple(expr_from_payload(e) for e in _seq(m.get("stride_exprs"), f"{where}.stride_exprs"))
         return TensorArg(
             name=name,
-            source=source,  # type: ignore[arg-type]
+            source=source,
             size=size,
             stride=stride,
             dtype=_dtype_name(m.get("dtype"), f"{where}.dtype"),
@@ -228,6 +232,7 @@ class KernelPlan:
     args: tuple[ArgSpec, ...]
     mutated_arg_names: tuple[str, ...] = ()
     kernel_name: str = ""
+    axis_labels: tuple[tuple[str, str], ...] = ()  # (axis, family shown to users); not hashed
 
     @property
     def is_dynamic(self) -> bool:
@@ -249,7 +254,8 @@ class KernelPlan:
         if missing:
             raise _bad(f"plan is missing {', '.join(map(repr, missing))} (torch_npu always writes {', '.join(PLAN_KEYS)})")
         if unknown_keys == "reject":
-            unknown = sorted(str(k) for k in m if k not in PLAN_KEYS and k not in NPU_META_KEYS)
+            unknown = sorted(str(k) for k in m if k not in PLAN_KEYS and k not in NPU_META_KEYS
+                             and k not in DISPLAY_KEYS)
             if unknown:
                 raise _bad(f"plan has unknown key(s) {', '.join(map(repr, unknown))}")
         features = tuple(
@@ -272,6 +278,7 @@ class KernelPlan:
         )
         mutated = tuple(_str(n, "mutated_arg_names[]") for n in _seq(m["mutated_arg_names"], "mutated_arg_names"))
         name = m.get("kernel_name", "")
+        labels = _axis_labels(m.get("axis_labels", ()))
         return KernelPlan(
             group_features=features,
             axis_names=axis_names,
@@ -279,11 +286,12 @@ class KernelPlan:
             args=args,
             mutated_arg_names=mutated,
             kernel_name=str(name) if name is not None else "",
+            axis_labels=labels,
         )
 
     def to_payload(self) -> dict[str, object]:
         """The JSON payload (inverse of ``from_payload``)."""
-        return {
+        payload: dict[str, object] = {
             "kernel_name": self.kernel_name,
             "group_features": [f.to_payload() for f in self.group_features],
             "axis_names": list(self.axis_names),
@@ -291,6 +299,9 @@ class KernelPlan:
             "ordered_arg_specs": [a.to_payload() for a in self.args],
             "mutated_arg_names": list(self.mutated_arg_names),
         }
+        if self.axis_labels:
+            payload["axis_labels"] = [[a, text] for a, text in self.axis_labels]
+        return payload
 
     def canonical_payload(self) -> dict[str, object]:
         """The hashed part: no kernel name, static values and mutated names sorted.
@@ -300,6 +311,7 @@ class KernelPlan:
         """
         payload = self.to_payload()
         del payload["kernel_name"]
+        payload.pop("axis_labels", None)
         payload["axis_static_values"] = [[n, v] for n, v in sorted(dict(self.axis_static_values).items())]
         payload["mutated_arg_names"] = sorted(set(self.mutated_arg_names))
         return payload
@@ -311,6 +323,16 @@ class KernelPlan:
     @property
     def display_name(self) -> str:
         return self.kernel_name if self.kernel_name not in _NAME_PLACEHOLDERS else "<unnamed>"
+
+
+def _axis_labels(value: object) -> tuple[tuple[str, str], ...]:
+    out = []
+    for i, item in enumerate(_seq(value, "axis_labels")):
+        pair = _seq(item, f"axis_labels[{i}]")
+        if len(pair) != 2:
+            raise _bad(f"axis_labels[{i}] must be an (axis, label) pair, got {item!r}")
+        out.append((_str(pair[0], f"axis_labels[{i}][0]"), _str(pair[1], f"axis_labels[{i}][1]")))
+    return tuple(out)
 
 
 def has_dynamic_axis(axis_names: Iterable[str], axis_static_values: Iterable[Sequence[object]]) -> bool:

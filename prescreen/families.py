@@ -1,0 +1,220 @@
+"""Shape families of Inductor selections: one bucket of size hints per dynamic symbol.
+
+An algorithm selection's benchmark synthesizes its inputs at the size hints of
+its symbols, so keying a decision by the exact hint would make every new batch
+size a miss. Instead each dynamic symbol's hint is put in a bucket, ``(low,
+high]``, and the decision is estimated at ``high`` (the largest hint in the
+bucket, so it never undercounts any hint inside it, as every size and stride
+expression the estimator accepts grows with its symbols) and keyed by it.
+
+Buckets (``$PRESCREEN_SHAPE_BUCKETS``):
+
+* ``pow2`` (the default): ``(2**k, 2**(k+1)]``, i.e. 1, 2, (2, 4], (4, 8], ...;
+* ``exact``: every hint is its own bucket (the decision is made at the hint);
+* ``B1,B2,...,Bn`` (strictly ascending whole numbers): ``(0, B1]``, ``(B1, B2]``,
+  ... and above ``Bn`` power-of-two buckets again, cut at ``Bn``.
+
+A symbol's value range, when the ShapeEnv knows one (``mark_dynamic(..., min=,
+max=)``, or the ``>= 2`` Dynamo assumes), clamps its bucket: the estimate is
+made at ``min(high, range max)``. Hints below 1 (a zero-size dim) are exact.
+
+This module imports neither torch nor sympy; the hooks and ``warm`` call it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from prescreen.errors import ConfigError
+
+BUCKETS_ENV = "PRESCREEN_SHAPE_BUCKETS"
+DEFAULT_SCHEME = "pow2"
+
+log = logging.getLogger("prescreen.families")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Bucket:
+    """The hints ``low < h <= high``; a decision for the bucket is made at ``high``."""
+
+    low: int
+    high: int
+
+    def __post_init__(self) -> None:
+        if self.low >= self.high:
+            raise ValueError(f"empty bucket ({self.low}, {self.high}]")
+
+    def __contains__(self, hint: object) -> bool:
+        return isinstance(hint, int) and self.low < hint <= self.high
+
+    @property
+    def exact(self) -> bool:
+        """True when the bucket holds one hint."""
+        return self.high - self.low == 1
+
+    def clamp(self, lower: int | None, upper: int | None) -> Bucket:
+        """The bucket cut to the value range ``[lower, upper]`` (None: unbounded); itself if that leaves nothing."""
+        low = self.low if lower is None else max(self.low, lower - 1)
+        high = self.high if upper is None else min(self.high, upper)
+        return Bucket(low, high) if low < high else self
+
+    def describe(self, name: str) -> str:
+        """``batch in (2048, 4096]``, or ``batch=2`` for a one-hint bucket."""
+        return f"{name}={self.high}" if self.exact else f"{name} in ({self.low}, {self.high}]"
+
+
+def _pow2_bucket(hint: int, floor: int = 0) -> Bucket:
+    high = 1 << max(hint - 1, 0).bit_length()  # the smallest power of two >= hint
+    return Bucket(max(high // 2, floor), high)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Scheme:
+    """How hints are bucketed: ``kind`` is ``pow2``, ``exact`` or ``bounds`` (with ``bounds`` ascending)."""
+
+    kind: str
+    bounds: tuple[int, ...] = ()
+
+    def bucket(self, hint: int) -> Bucket:
+        """The bucket holding ``hint`` (unclamped)."""
+        if hint < 1 or self.kind == "exact":
+            return Bucket(hint - 1, hint)
+        if self.kind == "bounds":
+            low = 0
+            for bound in self.bounds:
+                if hint <= bound:
+                    return Bucket(low, bound)
+                low = bound
+            return _pow2_bucket(hint, floor=low)
+        return _pow2_bucket(hint)
+
+    def covering(self, low: int, high: int) -> tuple[Bucket, ...]:
+        """The buckets holding some hint in ``[low, high]``, ascending, each cut to that range."""
+        if low > high:
+            raise ValueError(f"empty range {low}..{high}")
+        out: list[Bucket] = []
+        hint = low
+        while hint <= high:
+            bucket = self.bucket(hint).clamp(low, high)
+            out.append(bucket)
+            hint = bucket.high + 1
+        return tuple(out)
+
+    def __str__(self) -> str:
+        return ",".join(map(str, self.bounds)) if self.kind == "bounds" else self.kind
+
+
+@functools.lru_cache(maxsize=16)
+def parse_scheme(text: str) -> Scheme:
+    """``pow2``, ``exact`` or ``B1,B2,...`` -> Scheme; a ConfigError names a bad value."""
+    value = text.strip().lower()
+    if value in ("", "pow2"):
+        return Scheme("pow2")
+    if value == "exact":
+        return Scheme("exact")
+    try:
+        bounds = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        bounds = ()
+    if not bounds or any(b < 1 for b in bounds) or any(b <= a for a, b in zip(bounds, bounds[1:])):
+        raise ConfigError(f"{BUCKETS_ENV}={text!r} is not 'pow2', 'exact' or strictly ascending whole numbers "
+                          ">= 1 separated by commas (e.g. 64,512,4096)")
+    return Scheme("bounds", bounds)
+
+
+def scheme_from_env(environ: Mapping[str, str] | None = None) -> Scheme:
+    """The scheme ``$PRESCREEN_SHAPE_BUCKETS`` asks for; a ConfigError names a bad value."""
+    return parse_scheme((os.environ if environ is None else environ).get(BUCKETS_ENV, DEFAULT_SCHEME))
+
+
+def active_scheme() -> Scheme:
+    """The scheme for a compile: a bad ``$PRESCREEN_SHAPE_BUCKETS`` warns once and gives the default.
+
+    A bad setting must not leave a compile unguarded, and the default never undercounts.
+    """
+    try:
+        return scheme_from_env()
+    except ConfigError as exc:
+        _warn_once(str(exc))
+        return parse_scheme(DEFAULT_SCHEME)
+
+
+@functools.lru_cache(maxsize=8)
+def _warn_once(message: str) -> None:
+    log.warning("prescreen: %s; using %s buckets", message, DEFAULT_SCHEME)
+
+
+def bucket_for(hint: int, scheme: Scheme, lower: int | None = None, upper: int | None = None) -> Bucket:
+    """``hint``'s bucket under ``scheme``, clamped to the symbol's value range ``[lower, upper]``."""
+    return scheme.bucket(hint).clamp(lower, upper)
+
+
+def _as_int(value: object) -> int | None:
+    """A finite whole number (int or sympy Integer), else None (``int_oo``, ``oo``, anything else)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if getattr(value, "is_Integer", False) is True:
+        try:
+            return int(str(value))
+        except (TypeError, ValueError, AttributeError, OverflowError):
+            return None
+    return None
+
+
+def symbol_range(shape_env: Any, symbol: Any) -> tuple[int | None, int | None]:
+    """The ShapeEnv's value range of ``symbol`` as (lower, upper), None where unknown or infinite.
+
+    ``ShapeEnv.bound_sympy`` where it exists (torch 2.11 to 2.14 have it), else
+    ``var_to_range``; anything else (no ShapeEnv, another layout) is no bound.
+    """
+    if shape_env is None:
+        return None, None
+    found: Any = None
+    try:
+        found = shape_env.bound_sympy(symbol)
+    except Exception:
+        try:
+            found = getattr(shape_env, "var_to_range", {}).get(symbol)
+        except Exception:
+            found = None
+    if found is None:
+        return None, None
+    return _as_int(getattr(found, "lower", None)), _as_int(getattr(found, "upper", None))
+
+
+# ---------------------------------------------------------------- names from ``warm``
+
+_names: dict[int, str] = {}
+
+
+@contextlib.contextmanager
+def naming(sizes: Mapping[str, int]) -> Iterator[None]:
+    """While a ``warm`` compile runs: a symbol whose hint is one shape's size is labelled with its name."""
+    global _names
+    previous = _names
+    by_value: dict[int, list[str]] = {}
+    for name, value in sizes.items():
+        by_value.setdefault(int(value), []).append(name)
+    _names = {value: names[0] for value, names in by_value.items() if len(names) == 1}  # ambiguous: no name
+    try:
+        yield
+    finally:
+        _names = previous
+
+
+def name_for(hint: int) -> str | None:
+    """The shape name ``warm`` compiled at ``hint``, if exactly one has that size."""
+    return _names.get(hint)
+
+
+def point_of(bucket: Bucket) -> int:
+    """The size ``warm`` compiles a bucket at: its largest hint (the bound the decision is made at)."""
+    return bucket.high
