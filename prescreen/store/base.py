@@ -56,9 +56,9 @@ class Store(abc.ABC):
             return None
         try:
             if not isinstance(raw, (bytes, str)):
-                mode = getattr(raw, "mode", None)  # the disk backend's marker for a refused row
-                if mode is not None:
-                    raise InvalidEntry(f"value is stored as {mode}, not JSON text; it is never unpickled")
+                why = getattr(raw, "why", None)  # the disk backend's marker for a refused row
+                if why is not None:
+                    raise InvalidEntry(str(why))
                 raise InvalidEntry(f"value is a {type(raw).__name__}, not JSON text")
             return Entry.from_json(raw, expected_key=key)
         except InvalidEntry as exc:

@@ -13,6 +13,11 @@ directory serves reads through ``ReadOnlyCache``; a corrupt ``cache.db`` is
 moved aside and its valid entries salvaged (``recovery``); a directory that
 cannot be opened at all makes a no-op store that retries after ``cooldown``.
 Each kind of fault is warned about once; none raises.
+
+Trust: the directory is created 0700 and ``cache.db`` 0600 whatever the
+umask; a directory (or one above it) owned by another user or writable by
+group or others is refused for the store's lifetime (``secure``): one
+warning, every lookup a miss, ``stats`` unhealthy, so the CLI exits 2.
 """
 
 from __future__ import annotations
@@ -37,7 +42,14 @@ from prescreen.store.base import Store, StoreStats, log
 from prescreen.store.entry import Entry
 from prescreen.store.faults import Fault, classify
 from prescreen.store.readonly import ReadOnlyCache
-from prescreen.store.recovery import quarantine, recovery_lock, salvage
+from prescreen.store.recovery import LOCK_NAME, quarantine, recovery_lock, salvage
+from prescreen.store.secure import (
+    InsecureDirectory,
+    check_directory,
+    check_owned_file,
+    create_private_file,
+    private_directory,
+)
 from prescreen.store.textdisk import FastOpenCache, TextDisk
 
 CACHE_DIR_ENV = "PRESCREEN_CACHE_DIR"
@@ -121,6 +133,7 @@ class DiskStore(Store):
         self.count_hits = count_hits
         self.min_file_size = min_file_size
         self.recovered: tuple[str, int] | None = None  # (moved-aside file, entries restored)
+        self.refused: str | None = None  # why the directory is not safe to use, once refused
         self._cache: FastOpenCache | None = None
         self._reader: ReadOnlyCache | None = None
         self._open_again_at = 0.0
@@ -150,6 +163,19 @@ class DiskStore(Store):
     def _open(self) -> None:
         """Open read-write; else recover a corrupt file, serve a read-only one, or stay closed for a while."""
         try:
+            private_directory(self.directory)
+            check_directory(self.directory)
+            for name in (DBNAME, LOCK_NAME):
+                check_owned_file(self.directory / name)
+        except InsecureDirectory as exc:
+            self.refused = str(exc)
+            self._open_again_at = math.inf
+            self.warn_once(Fault.INSECURE.value, f"{exc}; running without the store")
+            return
+        except OSError:
+            pass  # cannot be created or checked: opening fails below and says why
+        try:
+            create_private_file(self.directory / DBNAME)  # SQLite gives -wal/-shm the database's mode
             with recovery_lock(self.directory, shared=True, wait=self.timeout + RECOVERY_WAIT):
                 self._cache = self._new_cache()
             self._healthy = True
@@ -336,7 +362,9 @@ class DiskStore(Store):
         self.flush_hits()
         count = len(self.keys())
         size = self._run(False, lambda c: c.volume(), None)
-        if self._reader is not None:
+        if self.refused is not None:
+            detail = f"refused: {self.refused}"
+        elif self._reader is not None:
             detail = f"read-only ({self._reader.mode})"
         elif self._cache is None:
             detail = "unavailable (no-op until it can be opened)"

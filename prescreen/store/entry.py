@@ -13,6 +13,9 @@ from prescreen.decision import Decision
 from prescreen.key import SCHEMA_VERSION, KeyParts, family_hash
 from prescreen.plan import KernelPlan, has_dynamic_axis
 
+MAX_ENTRY_BYTES = 4 * 2**20  # an entry's JSON text is a few KiB; anything above this cap is refused unread
+MAX_DEPTH = 64  # nesting of a stored plan or family; a valid plan expression is a few levels deep
+
 
 class InvalidEntry(ValueError):
     """A stored value that is not a valid entry of this schema."""

@@ -17,6 +17,7 @@ class Fault(str, enum.Enum):
     FULL = "disk is full"
     CORRUPT = "database file is corrupt"
     UNAVAILABLE = "cache cannot be opened"
+    INSECURE = "cache directory is not safe to use"
     ERROR = "store error"
 
 

@@ -26,7 +26,8 @@ import diskcache
 from diskcache.core import DBNAME
 
 from prescreen.store.entry import Entry, InvalidEntry
-from prescreen.store.textdisk import TextDisk
+from prescreen.store.secure import value_file
+from prescreen.store.textdisk import TextDisk, read_value_file
 
 LOCK_NAME = "recovery.lock"
 LOCK_WAIT = 30.0
@@ -58,8 +59,8 @@ def recovery_lock(directory: Path, *, shared: bool = False, wait: float = LOCK_W
     raises instead.
     """
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        handle = open(directory / LOCK_NAME, "a")
+        fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        handle = os.fdopen(fd, "r+")
     except OSError:
         if not shared:
             raise
@@ -159,15 +160,16 @@ def salvage(cache: diskcache.Cache, directory: Path, moved: Path | None) -> int:
     for text, filename in _rows(moved, disk) if moved is not None else ():
         outcome = _restore(cache, text)
         restored += outcome is True
-        if outcome is not None and filename:  # only the moved-aside database referred to this file
+        full = value_file(str(directory), filename)
+        if outcome is not None and full is not None:  # only the moved-aside database referred to this file
             with contextlib.suppress(OSError):
-                (directory / filename).unlink()
+                os.unlink(full)
     for path in _value_files(directory):
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
+            found = read_value_file(str(path))
+        except OSError:
             continue
-        if _restore(cache, text):
+        if isinstance(found, str) and _restore(cache, found):
             restored += 1
             with contextlib.suppress(OSError):
                 path.unlink()

@@ -5,11 +5,19 @@ counter) values. Small values live in the SQLite row, large ones in a ``.val``
 text file (diskcache's text mode). A row written by some other program in
 pickle or binary mode comes back as a ``Refused`` marker, which the store
 treats as an invalid entry: nothing read from the cache is ever unpickled.
+
+Every file name a row gives is checked against the names diskcache itself
+makes (``secure.value_file``): a row naming ``../x`` or ``/etc/x`` is refused
+and never read, written or deleted. ``.val`` files are created 0600, read
+without following symlinks and only up to ``MAX_ENTRY_BYTES``; a row whose
+file is gone reads as ``Missing`` so the store can clean it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import os
 import sqlite3
 import time
@@ -18,14 +26,38 @@ from collections.abc import Callable
 import diskcache
 from diskcache.core import DBNAME, MODE_BINARY, MODE_PICKLE, MODE_RAW, MODE_TEXT, UNKNOWN
 
+from prescreen.store.entry import MAX_ENTRY_BYTES
+from prescreen.store.secure import create_private_file, value_file
+
 _MODE_NAMES = {MODE_RAW: "raw", MODE_BINARY: "binary", MODE_TEXT: "text", MODE_PICKLE: "pickle"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Refused:
-    """A stored value this store will not decode (pickled or binary)."""
+    """A stored value this store will not decode (pickled, binary, a bad file name); ``why`` says so."""
 
-    mode: str
+    why: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Missing:
+    """A row whose ``.val`` file is gone (a delete or eviction killed half-way): a miss, to be cleaned."""
+
+    filename: str
+    why: str = "its value file is gone"
+
+
+def read_value_file(path: str, limit: int = MAX_ENTRY_BYTES) -> str | Refused:
+    """The text of a ``.val`` file, without following a symlink and reading at most ``limit`` bytes."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as reader:
+        data = reader.read(limit + 1)
+    if len(data) > limit:
+        return Refused(f"its value file is over {limit} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return Refused("its value file is not UTF-8 text")
 
 
 class TextDisk(diskcache.Disk):
@@ -38,7 +70,7 @@ class TextDisk(diskcache.Disk):
 
     def get(self, key: object, raw: bool) -> object:
         if not raw:
-            return Refused("pickle")
+            return Refused("key is stored as pickle; it is never unpickled")
         return bytes(key) if isinstance(key, (bytes, memoryview)) else key
 
     def store(self, value: object, read: bool, key: object = UNKNOWN) -> tuple[int, int, str | None, object]:
@@ -46,12 +78,51 @@ class TextDisk(diskcache.Disk):
             return super().store(value, False, key=key)
         raise TypeError(f"prescreen stores JSON text or integers, got {type(value).__name__}")
 
+    def filename(self, key: object = UNKNOWN, value: object = UNKNOWN) -> tuple[str, str]:
+        """diskcache's random name, with the two sub-directories made 0700 and the file made 0600 up front."""
+        name, full_path = super().filename(key, value)
+        sub = os.path.join(self._directory, name[:2])
+        for path in (sub, os.path.join(sub, name[3:5])):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path, 0o700)
+        create_private_file(full_path)
+        return name, full_path
+
+    def _write(self, full_path: str, iterator: object, mode: str, encoding: str | None = None) -> int:
+        # The file exists already (made 0600 by ``filename``): open it for writing, not exclusively.
+        return int(super()._write(full_path, iterator, mode.replace("x", "w"), encoding))
+
     def fetch(self, mode: int, filename: str | None, value: object, read: bool) -> object:
         if mode == MODE_RAW:
             return bytes(value) if isinstance(value, (bytes, memoryview)) else value
         if mode == MODE_TEXT:
-            return super().fetch(mode, filename, value, False)
-        return Refused(_MODE_NAMES.get(mode, f"mode {mode}"))
+            path = value_file(self._directory, filename)
+            if path is None:
+                return Refused(f"its row names the file {str(filename)[:80]!r}, outside the cache's own names")
+            try:
+                return read_value_file(path)
+            except OSError as exc:
+                if exc.errno == errno.ENOENT:
+                    return Missing(str(filename))
+                if exc.errno == errno.ELOOP:
+                    return Refused("its value file is a symlink")
+                raise
+        name = _MODE_NAMES.get(mode, f"mode {mode}")
+        return Refused(f"value is stored as {name}, not JSON text; it is never unpickled")
+
+    def remove(self, file_path: str) -> None:
+        """Delete a ``.val`` file the cache made, and its emptied sub-directories; any other name is left alone."""
+        path = value_file(self._directory, file_path)
+        if path is None:
+            return
+        with contextlib.suppress(OSError):
+            os.remove(path)
+        sub = os.path.dirname(path)
+        for directory in (sub, os.path.dirname(sub)):
+            try:
+                os.rmdir(directory)
+            except OSError:
+                return
 
 
 class FastOpenCache(diskcache.Cache):
