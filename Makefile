@@ -50,8 +50,12 @@ bench: install
 	$(VPY) -P bench/bench_store.py
 	$(VPY) -P bench/bench_hooks.py
 
+# mypy sees the package as it is installed: hooks/ is the import package prescreen.hooks.
+TYPECHECK := build/typecheck
 lint: install
 	$(VPY) -m ruff check prescreen hooks tests bench examples
+	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK) && cp -r prescreen $(TYPECHECK)/ && cp -r hooks $(TYPECHECK)/prescreen/hooks
+	cd $(TYPECHECK) && ../../$(VPY) -m mypy --config-file ../../pyproject.toml prescreen
 
 clean:
 	rm -rf $(CACHE) build dist *.egg-info .pytest_cache

@@ -118,7 +118,8 @@ def _check_semantics() -> None:
 def guard(self: Any, inductor_meta: dict[str, Any], device: Any, original: Callable[..., Any]) -> None:
     """Decide from the store; apply like upstream; wherever prescreen cannot mirror upstream, defer to it."""
     if not inductor_meta.get("group_enabled", False):
-        return original(self, inductor_meta, device)
+        original(self, inductor_meta, device)
+        return
     try:
         _check_semantics()
         budget = npu_budget(original, device)
@@ -126,18 +127,19 @@ def guard(self: Any, inductor_meta: dict[str, Any], device: Any, original: Calla
         outcome = lookup_or_decide(plan, budget, state.get_store())
     except Defer as exc:
         state.log_once(f"npu-defer:{exc}", logging.INFO, "prescreen: %s; using torch_npu's own check", exc)
-        return original(self, inductor_meta, device)
+        original(self, inductor_meta, device)
+        return
     except Exception as exc:  # never break a compile: upstream decides instead
         state.log_once(f"npu-error:{type(exc).__name__}", logging.WARNING,
                        "prescreen: grouped-autotune guard could not decide (%s); using torch_npu's own check", exc)
-        return original(self, inductor_meta, device)
+        original(self, inductor_meta, device)
+        return
     decision = outcome.decision
     if decision.tune:
-        return None
+        return
     state.log_once(outcome.key, logging.INFO, "prescreen: %s: %s [key %s, %s]", plan.display_name,
                    decision.reason, outcome.key[:12], "store hit" if outcome.hit else "computed")
     getattr(self, DISABLE_METHOD)(inductor_meta, decision.reason)
-    return None
 
 
 def patch_class(cls: type) -> None:
@@ -150,7 +152,7 @@ def patch_class(cls: type) -> None:
 
     @functools.wraps(current)
     def guarded(self: Any, inductor_meta: dict[str, Any], device: Any) -> None:
-        return guard(self, inductor_meta, device, current)
+        guard(self, inductor_meta, device, current)
 
     setattr(guarded, _ORIGINAL_ATTR, current)
     setattr(cls, GUARD_METHOD, guarded)

@@ -89,7 +89,7 @@ class Decision:
             raise ValueError("group_bytes must be a list of [group_id, bytes]")
         dom = d["dominant_arg"]
         decision = Decision(
-            action=d["action"],  # type: ignore[arg-type]
+            action=d["action"],
             bounded=bool(d["bounded"]),
             enable_auto_blockify=bool(d["enable_auto_blockify"]),
             estimated_bytes=opt_int("estimated_bytes"),
