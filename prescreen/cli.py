@@ -32,8 +32,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 T = TypeVar("T")
 
-#: Below this many columns tables drop their least needed columns and shorten keys.
-COMPACT_BELOW = 100
+#: Below this many columns (an 80- or 100-column terminal) tables drop columns and shorten keys.
+COMPACT_BELOW = 130
 #: Key characters shown in tables (a prefix this long is unambiguous in any real store).
 KEY_CHARS, COMPACT_KEY_CHARS = 12, 8
 
@@ -229,15 +229,22 @@ def _progress() -> Any:
                     console=err(), transient=True)
 
 
-def _summary(report: WarmReport) -> Table:
+def _summary(report: WarmReport) -> Any:
     from rich.table import Table
 
-    table = Table(title="prescreen warm" + (" (dry run: nothing stored)" if report.dry_run else ""))
-    cols = ["kernels", "decisions", "tuned", "fell back", "not bounded", "largest", "compiles", "time"]
-    for col in cols:
+    title = "prescreen warm" + (" (dry run: nothing stored)" if report.dry_run else "")
+    values = [("kernels", str(report.kernels)), ("decisions", str(len(report.unique()))),
+              ("tuned", str(report.tuned)), ("fell back", str(report.fell_back)),
+              ("not bounded", str(report.not_bounded)), ("largest", format_bytes(report.largest)),
+              ("compiles", str(report.compiles)), ("families", str(report.families)),
+              ("time", f"{report.seconds:.1f}s")]
+    if compact():
+        return f"{title}: " + ", ".join(f"{v} {k}" if k not in ("largest", "time") else f"{k} {v}"
+                                        for k, v in values)
+    table = Table(title=title)
+    for col, _ in values:
         table.add_column(col, justify="right")
-    table.add_row(str(report.kernels), str(len(report.unique())), str(report.tuned), str(report.fell_back),
-                  str(report.not_bounded), format_bytes(report.largest), str(report.compiles), f"{report.seconds:.1f}s")
+    table.add_row(*(v for _, v in values))
     return table
 
 
@@ -247,20 +254,22 @@ def _decisions(report: WarmReport) -> Table:
     from prescreen.report import short_reason
 
     narrow = compact()
-    table = Table(title="decisions")
+    table = Table(title="decisions", expand=narrow)
     cols = ["key", "kernel", "sizes", "decision", "estimated", "budget", "source", "reason"]
-    if narrow:
-        cols.remove("budget")  # the reason holds it
+    if narrow:  # the reason holds the estimate and the budget
+        cols = [c for c in cols if c not in ("estimated", "budget")]
+        if not any(r.sizes for r in report.records):
+            cols.remove("sizes")
     for col in cols:
-        table.add_column(col, overflow="ellipsis" if col == "kernel" else "fold",
-                         no_wrap=col in ("key", "decision", "source"))
+        table.add_column(col, overflow="ellipsis" if col == "kernel" else "fold", no_wrap=col != "sizes",
+                         min_width=8 if col == "kernel" else None, ratio=1 if narrow and col == "kernel" else None)
     for r in report.unique():
         cells = {
             "key": r.key[:COMPACT_KEY_CHARS if narrow else KEY_CHARS], "kernel": r.kernel,
-            "sizes": ",".join(f"{k}={v}" for k, v in r.sizes.items()) or "-",
+            "sizes": r.family or ",".join(f"{k}={v}" for k, v in r.sizes.items()) or "-",
             "decision": r.action if r.bounded else "fallback*", "estimated": format_bytes(r.estimated_bytes),
             "budget": format_bytes(r.budget_bytes), "source": "hit" if r.hit else "computed",
-            "reason": short_reason(r.action, r.bounded, r.estimated_bytes, r.budget_bytes, r.reason),
+            "reason": short_reason(r.action, r.bounded, r.estimated_bytes, r.budget_bytes, r.reason, brief=narrow),
         }
         table.add_row(*(cells[c] for c in cols))
     return table
@@ -283,7 +292,7 @@ def _decisions(report: WarmReport) -> Table:
               help="The device kind --plans decides for [default: npu].")
 @click.option("--mode", type=click.Choice(["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]),
               help="The torch.compile mode [default: max-autotune].")
-@click.option("--points", type=click.IntRange(1, 16), help="Sizes compiled per shape family, 1 to 16 [default: 2].")
+@click.option("--points", type=click.IntRange(1, 16), help="Sizes spread over each --shape range, 1 to 16 [default: one per shape family].")
 @click.option("--inductor-config", "inductor_config", multiple=True, metavar="KEY=VALUE",
               help="A torch._inductor.config setting for the compiles, e.g. freezing=True; repeat for several.")
 @click.option("--dry-run", is_flag=True, help="Estimate and report; store nothing.")
@@ -315,7 +324,7 @@ def warm(ctx: click.Context, target: str | None, shapes: tuple[str, ...], spec: 
                              "device_memory") if memory_text is not None else None)
     ratio_value = _run(lambda: resolve_ratio(ratio if ratio is not None else s.ratio))
     mode = _run(lambda: check_mode(mode or s.mode or "max-autotune"))
-    points = points if points is not None else (s.points or 2)
+    points = points if points is not None else s.points
     config_items = _run(lambda: merge_inductor_config(s.inductor_config, inductor_config))
     if plans:
         memory = _run(lambda: memory_override(memory))
@@ -389,14 +398,17 @@ def _family(e: Entry) -> str:
     if features:
         groups = (e.family or {}).get("group_count", "?")
         return f"{len(features)} features, {groups} groups"
+    labels = dict(plan.get("axis_labels") or [])  # an Inductor selection's buckets (prescreen.families)
+    if labels:
+        return ",".join(labels.get(n, f"{n}={v}") for n, v in statics)
     return ",".join(f"{n}={v}" for n, v in statics) or "static"
 
 
-def _short(e: Entry) -> str:
+def _short(e: Entry, brief: bool = False) -> str:
     from prescreen.report import short_reason
 
     d = e.decision
-    return short_reason(d.action, d.bounded, d.estimated_bytes, d.budget_bytes, d.reason)
+    return short_reason(d.action, d.bounded, d.estimated_bytes, d.budget_bytes, d.reason, brief=brief)
 
 
 def filter_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -475,26 +487,37 @@ def _entry_table(entry: Entry) -> Table:
     return table
 
 
+#: The columns of the ``inspect`` listing by terminal width: under COMPACT_BELOW, under WIDE_FROM, and wider.
+LIST_COLUMNS = {
+    "compact": ("key", "kernel", "device", "decision", "why"),
+    "medium": ("key", "kernel", "shape family", "device", "decision", "why", "hits"),
+    "wide": ("key", "kernel", "shape family", "device", "ratio", "decision", "estimated", "budget", "why", "created",
+             "hits"),
+}
+WIDE_FROM = 180
+
+
 def _list_table(entries: Sequence[Entry], title: str) -> Table:
     from rich.table import Table
 
-    narrow = compact()
-    table = Table(title=title)
-    cols = ["key", "kernel", "shape family", "device", "ratio", "decision", "estimated", "budget", "why", "created",
-            "hits"]
-    if narrow:  # the why column holds estimated and budget; the rest is in 'inspect KEY'
-        cols = ["key", "kernel", "device", "decision", "why"]
-    for col in cols:
-        table.add_column(col, overflow="ellipsis" if col == "kernel" else "fold",
-                         no_wrap=col in ("key", "decision", "ratio", "hits"), min_width=6 if col == "kernel" else None)
+    width = out().width
+    layout = "compact" if width < COMPACT_BELOW else "medium" if width < WIDE_FROM else "wide"
+    narrow = layout == "compact"
+    table = Table(title=title, expand=layout != "wide")
+    cols = LIST_COLUMNS[layout]
+    for col in cols:  # the kernel name gives way (ellipsis) so every other cell stays on one line
+        flexible = col in ("kernel", "shape family") and layout != "wide"
+        table.add_column(col, overflow="ellipsis" if col == "kernel" else "fold", no_wrap=col != "shape family",
+                         min_width=8 if col == "kernel" else None, ratio=1 if flexible else None)
     for e in entries:
         d = e.decision
+        memory = format_bytes(e.parts.total_memory)
         cells = {
             "key": e.key[:COMPACT_KEY_CHARS if narrow else KEY_CHARS], "kernel": e.kernel, "shape family": _family(e),
-            "device": f"{e.parts.device_kind} {format_bytes(e.parts.total_memory)}", "ratio": f"{e.parts.ratio:g}",
-            "decision": d.action if d.bounded else "fallback*", "estimated": format_bytes(d.estimated_bytes),
-            "budget": format_bytes(d.budget_bytes), "why": _short(e), "created": _age(e.created_at),
-            "hits": str(e.hits),
+            "device": e.parts.device_kind if narrow else f"{e.parts.device_kind} {memory}",
+            "ratio": f"{e.parts.ratio:g}", "decision": d.action if d.bounded else "fallback*",
+            "estimated": format_bytes(d.estimated_bytes), "budget": format_bytes(d.budget_bytes),
+            "why": _short(e, layout != "wide"), "created": _age(e.created_at), "hits": str(e.hits),
         }
         table.add_row(*(cells[c] for c in cols))
     return table

@@ -29,8 +29,10 @@ MAX_BARS = 12
 _DOMINANT = re.compile(r"dominant=\(group_id=(\d+) arg=(\S+) .*bytes=(\d+)\)")
 
 
-def short_reason(action: str, bounded: bool, estimated: int | None, budget: int, reason: str) -> str:
-    """A decision's reason in a few words: ``48.0 MiB > 256.0 KiB (in_ptr0)``, ``not bounded: runtime_dependent``."""
+def short_reason(action: str, bounded: bool, estimated: int | None, budget: int, reason: str,
+                 brief: bool = False) -> str:
+    """A decision's reason in a few words: ``48.0 MiB > 256.0 KiB (in_ptr0 in group 1)``, ``not bounded:
+    runtime_dependent``; ``brief`` leaves out the group."""
     if not bounded:
         cause = reason.split(" is not bounded: ", 1)[-1]
         return "not bounded: " + cause.split(":", 1)[0].strip()
@@ -41,7 +43,9 @@ def short_reason(action: str, bounded: bool, estimated: int | None, budget: int,
     if action == "tune":
         return f"{format_bytes(estimated)} <= {format_bytes(budget)}"
     dominant = _DOMINANT.search(reason)
-    by = f" ({dominant.group(2)} in group {dominant.group(1)})" if dominant else ""
+    by = ""
+    if dominant:
+        by = f" ({dominant.group(2)})" if brief else f" ({dominant.group(2)} in group {dominant.group(1)})"
     return f"{format_bytes(estimated)} > {format_bytes(budget)}{by}"
 
 
