@@ -182,6 +182,8 @@ def reference_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
 # code runs on arrays of Python ints (dtype=object).
 
 _INT64_LIMIT = 2**62
+#: Grids of at most this many groups are evaluated on Python lists, larger ones with numpy.
+_SMALL_GRID = 256
 
 Column = Union[int, "np.ndarray[Any, Any]"]
 
@@ -396,6 +398,255 @@ def _vectorized(
     return Footprint(synthetic, peak_clone, synthetic + peak_clone, group_bytes, ids[largest], dominant)
 
 
+# --- The pure-Python path for small grids ---------------------------------------------------------
+#
+# The same algorithm on lists: numpy's fixed cost per operation (about a
+# microsecond) exceeds a small grid's whole evaluation. A column is an int (the
+# same in every group) or ``(dims, values)``: values over the listed grid
+# dimensions in C order, constant along the others.
+
+PyColumn = Union[int, tuple[tuple[int, ...], list[int]]]
+
+
+class _PyGrid:
+    """Index arithmetic over the grid: expansion between dimension sets, flat group indices."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+        strides = [1] * len(shape)
+        for d in range(len(shape) - 2, -1, -1):
+            strides[d] = strides[d + 1] * shape[d + 1]
+        self.strides = strides
+        self.fail_at = -1
+
+    def index_map(self, dims: tuple[int, ...], target: tuple[int, ...]) -> list[int]:
+        """For each position of ``target`` (C order), the position of the same groups in ``dims``."""
+        src: dict[int, int] = {}
+        step = 1
+        for d in reversed(dims):
+            src[d] = step
+            step *= self.shape[d]
+        idx = [0]
+        for d in target:
+            s = src.get(d, 0)
+            idx = [j + i * s for j in idx for i in range(self.shape[d])]
+        return idx
+
+    def expand(self, col: tuple[tuple[int, ...], list[int]], target: tuple[int, ...]) -> list[int]:
+        dims, values = col
+        if dims == target:
+            return values
+        return [values[i] for i in self.index_map(dims, target)]
+
+    def flat(self, dims: tuple[int, ...], pos: int) -> int:
+        """Flat index of the first group holding position ``pos`` of a column over ``dims``."""
+        out = 0
+        for d in reversed(dims):
+            pos, i = divmod(pos, self.shape[d])
+            out += i * self.strides[d]
+        return out
+
+    def at(self, col: PyColumn, flat: int) -> int:
+        """The value of ``col`` in the group with flat index ``flat``."""
+        if isinstance(col, int):
+            return col
+        dims, values = col
+        pos = 0
+        for d in dims:
+            pos = pos * self.shape[d] + (flat // self.strides[d]) % self.shape[d]
+        return values[pos]
+
+    def align(
+        self, a: PyColumn, b: PyColumn
+    ) -> tuple[tuple[int, ...], list[int] | int, list[int] | int]:
+        if isinstance(a, int):
+            assert not isinstance(b, int)
+            return b[0], a, b[1]
+        if isinstance(b, int):
+            return a[0], a[1], b
+        if a[0] == b[0]:
+            return a[0], a[1], b[1]
+        dims = tuple(sorted(set(a[0]) | set(b[0])))
+        return dims, self.expand(a, dims), self.expand(b, dims)
+
+    def failed(self, dims: tuple[int, ...], pos: int) -> None:
+        at = self.flat(dims, pos)
+        if self.fail_at < 0 or at < self.fail_at:
+            self.fail_at = at
+
+    def ev(self, expr: Expr, cols: dict[str, PyColumn]) -> PyColumn:
+        kind = type(expr)
+        if kind is Const:
+            return expr.value  # type: ignore[union-attr, no-any-return]
+        if kind is Axis:
+            hit = cols.get(expr.name)  # type: ignore[union-attr]
+            if hit is None:
+                raise _Fails
+            return hit
+        if kind is Add or kind is Mul:
+            operands = expr.operands  # type: ignore[union-attr]
+            value = self.ev(operands[0], cols)
+            add = kind is Add
+            for operand in operands[1:]:
+                other = self.ev(operand, cols)
+                if isinstance(value, int) and isinstance(other, int):
+                    value = value + other if add else value * other
+                    continue
+                dims, x, y = self.align(value, other)
+                if isinstance(x, int):
+                    value = (dims, [x + v for v in y] if add else [x * v for v in y])  # type: ignore[union-attr]
+                elif isinstance(y, int):
+                    value = (dims, [v + y for v in x] if add else [v * y for v in x])
+                else:
+                    value = (dims, [u + v for u, v in zip(x, y)] if add else [u * v for u, v in zip(x, y)])
+            return value
+        if kind is FloorDiv:
+            num = self.ev(expr.numerator, cols)  # type: ignore[union-attr]
+            den = self.ev(expr.denominator, cols)  # type: ignore[union-attr]
+            if isinstance(den, int):
+                if den == 0:
+                    raise _Fails
+                if isinstance(num, int):
+                    return num // den
+                return (num[0], [v // den for v in num[1]])
+            dims, x, y = self.align(num, den)
+            assert not isinstance(y, int)
+            if 0 in y:
+                self.failed(dims, y.index(0))
+                y = [v or 1 for v in y]
+            if isinstance(x, int):
+                return (dims, [x // v for v in y])
+            return (dims, [u // v for u, v in zip(x, y)])
+        raise _Fails
+
+    def nonnegative(self, col: PyColumn) -> None:
+        if isinstance(col, int):
+            if col < 0:
+                raise _Fails
+        elif min(col[1]) < 0:
+            self.failed(col[0], next(i for i, v in enumerate(col[1]) if v < 0))
+
+    def arg_bytes(
+        self, arg: TensorArg | WorkspaceArg, cols: dict[str, PyColumn]
+    ) -> tuple[PyColumn, list[PyColumn], list[PyColumn]]:
+        """Bytes per group, and the size and stride columns."""
+        info = _dtype_info(arg.dtype) if isinstance(arg.dtype, str) else None
+        if info is None:
+            raise _Fails
+        itemsize = info[1]
+        if isinstance(arg, WorkspaceArg):
+            count = self.ev(arg.count, cols)
+            self.nonnegative(count)
+            if isinstance(count, int):
+                return count * itemsize, [count], [1]
+            return (count[0], [v * itemsize for v in count[1]]), [count], [1]
+        sizes = [self.ev(e, cols) for e in arg.size]
+        strides = [self.ev(e, cols) for e in arg.stride]
+        if len(sizes) != len(strides):
+            raise _Fails
+        for col in sizes:
+            self.nonnegative(col)
+        for col in strides:
+            self.nonnegative(col)
+        if all(isinstance(c, int) for c in sizes) and all(isinstance(c, int) for c in strides):
+            ints = [int(c) for c in sizes]  # type: ignore[call-overload]
+            numel = 0 if 0 in ints else 1 + sum((d - 1) * s for d, s in zip(ints, strides))  # type: ignore[misc]
+            return numel * itemsize, sizes, strides
+        dims = tuple(sorted({d for c in (*sizes, *strides) if not isinstance(c, int) for d in c[0]}))
+        n = math.prod(self.shape[d] for d in dims)
+        acc = [1] * n
+        empty: list[list[int]] = []
+        for d_col, s_col in zip(sizes, strides):
+            d = d_col if isinstance(d_col, int) else self.expand(d_col, dims)
+            s = s_col if isinstance(s_col, int) else self.expand(s_col, dims)
+            if isinstance(d, int):
+                if d == 0:
+                    return 0, sizes, strides
+                if isinstance(s, int):
+                    acc = [a + (d - 1) * s for a in acc]
+                else:
+                    acc = [a + (d - 1) * v for a, v in zip(acc, s)]
+            else:
+                if 0 in d:
+                    empty.append(d)
+                if isinstance(s, int):
+                    acc = [a + (v - 1) * s for a, v in zip(acc, d)]
+                else:
+                    acc = [a + (u - 1) * v for a, u, v in zip(acc, d, s)]
+        for d in empty:
+            acc = [0 if u == 0 else a for a, u in zip(acc, d)]
+        return (dims, [a * itemsize for a in acc]), sizes, strides
+
+
+def _small(plan: KernelPlan, args: list[TensorArg | WorkspaceArg], layout: _Layout) -> Footprint:
+    grid = _PyGrid(layout.shape)
+    cols: dict[str, PyColumn] = {
+        name: values[0] if dim is None else ((dim,), list(values)) for name, (dim, values) in layout.columns.items()
+    }
+    per_arg: list[tuple[PyColumn, list[PyColumn], list[PyColumn]]] = []
+    for arg in args:
+        try:
+            per_arg.append(grid.arg_bytes(arg, cols))
+        except _Fails:
+            grid.fail_at = 0
+            break
+    if grid.fail_at >= 0:
+        env = layout.env_at(grid.fail_at)
+        for arg in args:
+            _arg_bytes(arg, env)  # raises this group's first failure, exactly as the plain loop would
+        raise AssertionError("a failing group evaluated cleanly")  # pragma: no cover
+
+    mutated = set(plan.mutated_arg_names)
+    n_groups = math.prod(layout.shape)
+    every = tuple(range(len(layout.shape)))
+    total: PyColumn = 0
+    clones: PyColumn = 0
+    for arg, (nbytes, _, _) in zip(args, per_arg):
+        total = _py_add(grid, total, nbytes, every)
+        if arg.name in mutated:
+            clones = _py_add(grid, clones, nbytes, every)
+    totals = [total] * n_groups if isinstance(total, int) else grid.expand(total, every)
+    peak_clone = max(0, clones if isinstance(clones, int) else max(clones[1]))
+    synthetic = sum(totals)
+    largest = totals.index(max(totals))
+
+    dominant: ArgFootprint | None = None
+    if args:
+        peaks = [b if isinstance(b, int) else max(b[1]) for b, _, _ in per_arg]
+        peak = max(peaks)
+        best = (n_groups, len(args))
+        for i, (nbytes, _, _) in enumerate(per_arg):
+            if peaks[i] == peak:
+                at = 0 if isinstance(nbytes, int) else grid.flat(nbytes[0], nbytes[1].index(peak))
+                best = min(best, (at, i))
+        at, i = best
+        arg = args[i]
+        _, sizes, strides = per_arg[i]
+        dominant = ArgFootprint(
+            layout.group_ids[at],
+            arg.name,
+            arg.kind,
+            _canonical_dtype(arg.dtype),
+            tuple(grid.at(c, at) for c in sizes),
+            tuple(grid.at(c, at) for c in strides),
+            peak,
+        )
+    ids = layout.group_ids
+    return Footprint(synthetic, peak_clone, synthetic + peak_clone, tuple(zip(ids, totals)), ids[largest], dominant)
+
+
+def _py_add(grid: _PyGrid, acc: PyColumn, col: PyColumn, every: tuple[int, ...]) -> PyColumn:
+    """``acc + col``; ``acc`` is an int or a column over every dimension."""
+    if isinstance(col, int):
+        if isinstance(acc, int):
+            return acc + col
+        return (every, [a + col for a in acc[1]])
+    values = grid.expand(col, every)
+    if isinstance(acc, int):
+        return (every, [v + acc for v in values])
+    return (every, [a + v for a, v in zip(acc[1], values)])
+
+
 def estimate_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
     """Estimate the bytes the grouped autotune benchmark synthesizes; fails closed.
 
@@ -410,6 +661,8 @@ def estimate_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
     layout = _grid_layout(groups) if isinstance(groups, GroupGrid) else _generic_layout(groups)
     if layout is None:
         return reference_footprint(plan, reps)
+    if len(groups) <= _SMALL_GRID:
+        return _small(plan, args, layout)
     try:
         return _vectorized(plan, args, layout, exact=False)
     except _Overflow:

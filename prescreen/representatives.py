@@ -12,6 +12,9 @@ only reaches the one bucket holding it; the other groups are unreachable.
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import overload
 
 from prescreen.errors import NotBounded, Reason
 from prescreen.plan import GroupFeature, KernelPlan, canonical_json
@@ -28,15 +31,145 @@ class Group:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class FeatureChoices:
+    """The reachable buckets of one group feature, ascending, and what each one sets."""
+
+    radix: int
+    bucket_indices: tuple[int, ...]
+    feature_values: tuple[int, ...]
+    axis_values: tuple[tuple[tuple[str, int], ...], ...]
+
+
+class GroupGrid(Sequence[Group]):
+    """The reachable groups of a plan as the product of each feature's reachable buckets.
+
+    A group is reachable exactly when each of its features' buckets is, so the
+    reachable groups are a grid: group ``i`` in ascending-id order picks choice
+    ``c_f`` of feature ``f`` where ``i`` is the mixed-radix number of the
+    ``c_f`` (feature 0 varying fastest), i.e. numpy's C order over
+    ``shape = (k_{F-1}, ..., k_0)``. It behaves as the tuple of those groups
+    (indexing, iteration, equality, hashing) but builds ``Group`` objects only
+    when they are asked for; the footprint estimator reads the grid itself.
+    """
+
+    __slots__ = ("features", "axis_names", "base_values", "_groups", "_ids")
+
+    def __init__(
+        self, features: tuple[FeatureChoices, ...], axis_names: tuple[str, ...], base_values: Mapping[str, int]
+    ) -> None:
+        self.features = features
+        self.axis_names = axis_names
+        self.base_values = dict(base_values)
+        self._groups: tuple[Group, ...] | None = None
+        self._ids: tuple[int, ...] | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """numpy shape of the grid: the last feature first (its choice varies slowest)."""
+        return tuple(len(f.bucket_indices) for f in reversed(self.features))
+
+    def __len__(self) -> int:
+        return math.prod(len(f.bucket_indices) for f in self.features)
+
+    def choices_at(self, index: int) -> tuple[int, ...]:
+        """The choice of each feature (feature order) of the ``index``-th reachable group."""
+        out = []
+        for feature in self.features:
+            k = len(feature.bucket_indices)
+            out.append(index % k)
+            index //= k
+        return tuple(out)
+
+    def axis_value_table(self) -> dict[str, tuple[int | None, tuple[int, ...]]]:
+        """Per axis of the plan: the feature that sets it (or None) and its value per choice (or its one value)."""
+        table: dict[str, tuple[int | None, tuple[int, ...]]] = {}
+        for name in self.axis_names:
+            table[name] = (None, (self.base_values[name],))
+        for f, feature in enumerate(self.features):
+            named = {a for choice in feature.axis_values for a, _ in choice}
+            for name in named:
+                if name in table:
+                    base = self.base_values[name]
+                    table[name] = (f, tuple(int(dict(c).get(name, base)) for c in feature.axis_values))
+        return table
+
+    def group_at(self, index: int) -> Group:
+        """The ``index``-th reachable group, built on its own."""
+        if self._groups is not None:
+            return self._groups[index]
+        choices = self.choices_at(index)
+        group_id, indices, values, axes = 0, [], [], {}
+        radix = 1
+        for feature, c in zip(self.features, choices):
+            indices.append(feature.bucket_indices[c])
+            values.append(feature.feature_values[c])
+            axes.update(feature.axis_values[c])
+            group_id += feature.bucket_indices[c] * radix
+            radix *= feature.radix
+        axis_values = tuple((a, int(axes.get(a, self.base_values[a]))) for a in self.axis_names)
+        return Group(group_id, tuple(indices), tuple(values), axis_values)
+
+    def group_ids(self) -> tuple[int, ...]:
+        """Ids of the reachable groups, ascending."""
+        if self._ids is None:
+            ids = [0]
+            radix = 1
+            for feature in self.features:
+                ids = [i + b * radix for b in feature.bucket_indices for i in ids]
+                radix *= feature.radix
+            self._ids = tuple(ids)
+        return self._ids
+
+    def _all(self) -> tuple[Group, ...]:
+        if self._groups is None:
+            self._groups = tuple(self.group_at(i) for i in range(len(self)))
+        return self._groups
+
+    @overload
+    def __getitem__(self, index: int) -> Group: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Group, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Group | tuple[Group, ...]:
+        if isinstance(index, slice):
+            return self._all()[index]
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError("group index out of range")
+        return self.group_at(index % n)
+
+    def __iter__(self) -> Iterator[Group]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (GroupGrid, tuple)):
+            return self._all() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._all())
+
+    def __repr__(self) -> str:
+        return repr(self._all())
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Representatives:
-    """All groups of a plan: the reachable ones with representatives, the rest by id."""
+    """All groups of a plan: the reachable ones with representatives, the rest by id.
+
+    ``groups`` is a ``GroupGrid`` when built by ``build_representatives`` (it
+    acts as a tuple of ``Group``), or any sequence of ``Group``.
+    """
 
     group_count: int
-    groups: tuple[Group, ...]
+    groups: Sequence[Group]
     unreachable_group_ids: tuple[int, ...]
 
     @property
     def reachable_group_ids(self) -> tuple[int, ...]:
+        if isinstance(self.groups, GroupGrid):
+            return self.groups.group_ids()
         return tuple(g.group_id for g in self.groups)
 
     def to_payload(self) -> dict[str, object]:
@@ -138,20 +271,10 @@ def _feature_representative(
     return solved * static_factor, values
 
 
-def build_representatives(plan: KernelPlan) -> Representatives:
-    """Enumerate every group of ``plan`` and pick each reachable one's representative."""
+def _per_group(plan: KernelPlan, statics: dict[str, int]) -> Representatives:
+    """Every group in id order, each feature's representative in feature order (the plain loop)."""
     features = plan.group_features
-    seen: set[str] = set()
-    for feature in features:
-        for axis in feature.axis_names:
-            if axis in seen:
-                raise NotBounded(Reason.UNSUPPORTED_GROUPING, f"axis {axis!r} appears in several group features")
-            seen.add(axis)
-    statics = dict(plan.axis_static_values)
-    count = 1
-    for feature in features:
-        count *= len(feature.buckets) + 1
-
+    count = math.prod(len(f.buckets) + 1 for f in features)
     groups: list[Group] = []
     unreachable: list[int] = []
     for group_id in range(count):
@@ -174,3 +297,50 @@ def build_representatives(plan: KernelPlan) -> Representatives:
     if not groups:
         raise NotBounded(Reason.UNSUPPORTED_GROUPING, "grouped plan has no reachable groups")
     return Representatives(count, tuple(groups), tuple(unreachable))
+
+
+def build_representatives(plan: KernelPlan) -> Representatives:
+    """Enumerate every group of ``plan`` and pick each reachable one's representative.
+
+    Each feature's representative depends only on its own bucket, so it is
+    computed once per bucket and the reachable groups are the product of the
+    features' reachable buckets (a ``GroupGrid``). Where some bucket cannot be
+    represented, the plain per-group loop runs instead, so the error raised is
+    the one that loop meets first.
+    """
+    features = plan.group_features
+    seen: set[str] = set()
+    for feature in features:
+        for axis in feature.axis_names:
+            if axis in seen:
+                raise NotBounded(Reason.UNSUPPORTED_GROUPING, f"axis {axis!r} appears in several group features")
+            seen.add(axis)
+    statics = dict(plan.axis_static_values)
+    choices: list[FeatureChoices] = []
+    for feature in features:
+        radix = len(feature.buckets) + 1
+        picks: list[tuple[int, tuple[int, tuple[tuple[str, int], ...]]]] = []
+        for idx in range(radix):
+            try:
+                rep = _feature_representative(feature, idx, statics)
+            except NotBounded:
+                return _per_group(plan, statics)
+            if rep is not None:
+                picks.append((idx, rep))
+        choices.append(
+            FeatureChoices(
+                radix,
+                tuple(i for i, _ in picks),
+                tuple(v for _, (v, _) in picks),
+                tuple(a for _, (_, a) in picks),
+            )
+        )
+    grid = GroupGrid(tuple(choices), plan.axis_names, {a: int(statics.get(a, 1)) for a in plan.axis_names})
+    if len(grid) == 0:
+        raise NotBounded(Reason.UNSUPPORTED_GROUPING, "grouped plan has no reachable groups")
+    count = math.prod(f.radix for f in choices)
+    unreachable: tuple[int, ...] = ()
+    if len(grid) != count:
+        reachable = set(grid.group_ids())
+        unreachable = tuple(i for i in range(count) if i not in reachable)
+    return Representatives(count, grid, unreachable)

@@ -1,0 +1,213 @@
+"""The vectorized estimator against the plain loop it replaces (``reference_footprint``).
+
+Plans are drawn directly as ``KernelPlan`` objects, wider than the payload
+strategies: expressions that fail only in some groups (a floordiv by
+``axis - c``, a size ``axis - c``), constants large enough that bytes leave
+int64, several features, axes missing from ``axis_names``, repeated arg names,
+unknown dtypes and rank mismatches. Every result, or the exact error (reason
+and message), must be the plain loop's; so must the result for the same
+groups given as a plain tuple instead of a grid.
+"""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from prescreen import footprint
+from prescreen.errors import NotBounded, Reason
+from prescreen.expr import Add, Axis, Const, Expr, FloorDiv, Mul, RuntimeArg
+from prescreen.footprint import Footprint, estimate_footprint, reference_footprint
+from prescreen.plan import GroupFeature, KernelPlan, SizeArg, TensorArg, WorkspaceArg
+from prescreen.representatives import GroupGrid, Representatives, build_representatives
+
+AXES = ("x0", "x1", "r0", "s0", "s1")
+DTYPES = ("torch.float16", "torch.float32", "torch.int64", "torch.bool", "complex64", "torch.float17")
+HUGE = 2**61
+
+
+def consts(big: bool) -> st.SearchStrategy[int]:
+    small = st.integers(-3, 9)
+    return st.one_of(small, st.sampled_from([HUGE, 3 * 2**40])) if big else small
+
+
+def exprs(axes: tuple[str, ...], big: bool, runtime: bool) -> st.SearchStrategy[Expr]:
+    leaves: list[st.SearchStrategy[Expr]] = [consts(big).map(Const), st.sampled_from(axes).map(Axis)]
+    if runtime:
+        leaves.append(st.integers(0, 3).map(RuntimeArg))
+    leaf = st.one_of(*leaves)
+    shifted = st.tuples(st.sampled_from(axes).map(Axis), st.integers(-12, 2).map(Const)).map(lambda p: Add(p))
+    squared = shifted.map(lambda e: Mul((e, e)))  # >= 0, zero in the groups where the shift hits the axis
+    return st.recursive(
+        st.one_of(leaf, shifted),
+        lambda inner: st.one_of(
+            st.lists(inner, min_size=1, max_size=3).map(lambda xs: Mul(tuple(xs))),
+            st.lists(inner, min_size=1, max_size=3).map(lambda xs: Add(tuple(xs))),
+            st.tuples(inner, st.one_of(inner, shifted, squared)).map(lambda p: FloorDiv(*p)),
+        ),
+        max_leaves=6,
+    )
+
+
+@st.composite
+def plans(draw: st.DrawFn) -> KernelPlan:
+    big = draw(st.integers(0, 5)) == 0
+    faulty = draw(st.booleans())
+    features: list[GroupFeature] = []
+    statics: dict[str, int] = {"s0": draw(st.integers(1, 9)), "s1": draw(st.integers(1, 9))}
+    symbolic = ["x0", "x1", "r0"]
+    for i in range(draw(st.integers(0, 3))):
+        source = draw(st.sampled_from(["primary_axis", "axis", "outer_product", "reduction_product"]))
+        if source in ("primary_axis", "axis"):
+            axes: tuple[str, ...] = (symbolic.pop(),) if symbolic and draw(st.integers(0, 5)) else ()
+        else:
+            axes = tuple(a for a in ("s0", "s1") if draw(st.booleans()))
+            if symbolic and draw(st.booleans()):
+                axes = (symbolic.pop(), *axes)
+        steps = draw(st.lists(st.integers(1, 8), min_size=1, max_size=4))
+        buckets = tuple(sum(steps[: j + 1]) for j in range(len(steps)))
+        if big and draw(st.booleans()):
+            buckets = (*buckets, HUGE)
+        features.append(GroupFeature(f"f{i}", source, axes, buckets))  # type: ignore[arg-type]
+    used = {a for f in features for a in f.axis_names}
+    # An axis may belong to one feature only: drop repeats.
+    seen: set[str] = set()
+    for i, f in enumerate(features):
+        axes = tuple(a for a in f.axis_names if a not in seen)
+        seen.update(axes)
+        features[i] = GroupFeature(f.name, f.source, axes, f.buckets)
+    axis_names = tuple(a for a in AXES if a in used or draw(st.booleans()))
+    if faulty and axis_names and draw(st.integers(0, 3)) == 0:
+        axis_names = axis_names[1:]  # an axis the args may name but no group sets
+    pool = axis_names or ("x0",)
+    args: list[TensorArg | WorkspaceArg | SizeArg] = []
+    for i in range(draw(st.integers(0, 5))):
+        e = exprs(pool + (("q9",) if faulty else ()), big, runtime=faulty and draw(st.integers(0, 4)) == 0)
+        name = draw(st.sampled_from(["a", "b", "c", f"t{i}"]))
+        dtype = draw(st.sampled_from(DTYPES if faulty else DTYPES[:-1]))
+        kind = draw(st.sampled_from(["tensor", "tensor", "workspace", "size"]))
+        if kind == "size":
+            args.append(SizeArg(name, "axis_expr", expr=draw(e)))
+        elif kind == "workspace":
+            args.append(WorkspaceArg(name, draw(e), dtype, "npu:0", "NONE"))
+        else:
+            rank = draw(st.integers(0, 3))
+            size = tuple(draw(e) for _ in range(rank))
+            stride_rank = rank + (draw(st.sampled_from([-1, 1])) if faulty and draw(st.integers(0, 5)) == 0 else 0)
+            stride = tuple(draw(e) for _ in range(max(0, stride_rank)))
+            args.append(TensorArg(name, "buffer", size, stride, dtype, "npu:0"))
+    names = sorted({a.name for a in args}) + ["zz"]
+    mutated = tuple(draw(st.lists(st.sampled_from(names), max_size=3)))
+    return KernelPlan(tuple(features), axis_names, tuple(statics.items()), tuple(args), mutated)
+
+
+def outcome(fn: object, plan: KernelPlan, reps: Representatives) -> Footprint | tuple[str, str]:
+    try:
+        return fn(plan, reps)  # type: ignore[operator, no-any-return]
+    except NotBounded as exc:
+        return (exc.reason.value, str(exc))
+
+
+@pytest.mark.parametrize("small_grid", [10**9, 0], ids=["lists", "numpy"])
+def test_matches_the_plain_loop(small_grid: int) -> None:
+    """Each drawn plan through the list path and through the numpy path (forced by the size threshold)."""
+
+    @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(plans())
+    def check(plan: KernelPlan) -> None:
+        try:
+            reps = build_representatives(plan)
+        except NotBounded:
+            event("representatives fail")
+            return
+        expected = outcome(reference_footprint, plan, reps)
+        event("fails closed" if isinstance(expected, tuple) else "bounded")
+        if not isinstance(expected, tuple) and expected.total_bytes >= 2**63:
+            event("beyond int64")
+        assert outcome(estimate_footprint, plan, reps) == expected
+        as_tuple = Representatives(reps.group_count, tuple(reps.groups), reps.unreachable_group_ids)
+        assert outcome(estimate_footprint, plan, as_tuple) == expected
+
+    with mock.patch.object(footprint, "_SMALL_GRID", small_grid):
+        check()
+
+
+@pytest.mark.parametrize("n_buckets", [3, 40])  # 4 groups take the list path, 41 x 41 the numpy path
+def test_both_paths_on_two_features(n_buckets: int) -> None:
+    buckets = tuple(range(1, n_buckets + 1))
+    x0, x1 = Axis("x0"), Axis("x1")
+    shift = Add((x1, Const(-2)))
+    plan = KernelPlan(
+        (GroupFeature("a", "axis", ("x0",), buckets), GroupFeature("b", "axis", ("x1",), buckets)),
+        ("x0", "x1"),
+        (),
+        (
+            TensorArg("t", "buffer", (x0, x1), (x1, Const(1)), "torch.float32", "npu:0"),
+            WorkspaceArg("w", Mul((x1, Const(3))), "torch.int8", "npu:0", "NONE"),
+            TensorArg("u", "buffer", (FloorDiv(x0, Mul((shift, shift))),), (Const(1),), "torch.int64", "npu:0"),
+        ),
+        ("w",),
+    )
+    reps = build_representatives(plan)
+    assert isinstance(reps.groups, GroupGrid)
+    with pytest.raises(NotBounded) as info:  # x1 == 2 only in feature b's bucket 1
+        estimate_footprint(plan, reps)
+    with pytest.raises(NotBounded) as ref:
+        reference_footprint(plan, reps)
+    assert info.value.reason is Reason.DIVISION_BY_ZERO
+    assert str(info.value) == str(ref.value)
+    ok = KernelPlan(plan.group_features, plan.axis_names, (), plan.args[:2], ("w",))
+    assert estimate_footprint(ok, reps) == reference_footprint(ok, reps)
+
+
+@pytest.mark.parametrize("n_buckets", [2, 300])
+def test_bytes_beyond_int64_stay_exact(n_buckets: int) -> None:
+    x0 = Axis("x0")
+    buckets = (*range(1, n_buckets), 2**62)
+    plan = KernelPlan(
+        (GroupFeature("a", "axis", ("x0",), buckets),),
+        ("x0",),
+        (),
+        (TensorArg("t", "buffer", (x0, x0), (x0, Const(1)), "torch.complex128", "npu:0"),),
+    )
+    reps = build_representatives(plan)
+    fp = estimate_footprint(plan, reps)
+    assert fp == reference_footprint(plan, reps)
+    assert fp.dominant_arg is not None and fp.dominant_arg.num_bytes == (1 + (2**63 - 1) * 2**63 + 2**63 - 1) * 16
+
+
+PATHS = pytest.mark.parametrize("small_grid", [10**9, 0], ids=["lists", "numpy"])
+
+
+def one_axis_plan(*args: TensorArg | WorkspaceArg, n: int = 6) -> tuple[KernelPlan, Representatives]:
+    plan = KernelPlan((GroupFeature("a", "axis", ("x0",), tuple(range(1, n + 1))),), ("x0",), (), args)
+    return plan, build_representatives(plan)
+
+
+@PATHS
+def test_the_earliest_failing_group_wins_not_the_first_failing_arg(small_grid: int) -> None:
+    x0 = Axis("x0")
+    late = Add((x0, Const(-3)))  # zero at x0 == 3: a division by zero in group 2
+    early = TensorArg("early", "buffer", (Add((x0, Const(-2))),), (Const(1),), "torch.int8", "npu:0")  # x0 == 1
+    plan, reps = one_axis_plan(
+        TensorArg("late", "buffer", (FloorDiv(Const(1), Mul((late, late))),), (Const(1),), "torch.int8", "npu:0"), early
+    )
+    with mock.patch.object(footprint, "_SMALL_GRID", small_grid), pytest.raises(NotBounded) as info:
+        estimate_footprint(plan, reps)
+    assert info.value.reason is Reason.NEGATIVE_SIZE
+
+
+@PATHS
+def test_a_size_that_is_zero_in_some_groups_gives_zero_bytes_there(small_grid: int) -> None:
+    x0 = Axis("x0")
+    shift = Add((x0, Const(-2)))
+    plan, reps = one_axis_plan(
+        TensorArg("t", "buffer", (Mul((shift, shift)), x0), (Const(5), Const(3)), "torch.int8", "npu:0"), n=4
+    )
+    with mock.patch.object(footprint, "_SMALL_GRID", small_grid):
+        fp = estimate_footprint(plan, reps)
+    assert fp == reference_footprint(plan, reps)
+    assert fp.group_bytes[1] == (1, 0)  # x0 == 2
