@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
     from rich.table import Table
 
+    from prescreen.decision import Decision
     from prescreen.store.base import Store
     from prescreen.store.clear import Predicate
     from prescreen.store.entry import Entry
@@ -404,6 +405,12 @@ def _family(e: Entry) -> str:
     return ",".join(f"{n}={v}" for n, v in statics) or "static"
 
 
+def is_observed_oom(d: Decision) -> bool:
+    from prescreen.decision import is_observed_oom as observed
+
+    return observed(d)
+
+
 def _short(e: Entry, brief: bool = False) -> str:
     from prescreen.report import short_reason
 
@@ -515,7 +522,8 @@ def _list_table(entries: Sequence[Entry], title: str) -> Table:
         cells = {
             "key": e.key[:COMPACT_KEY_CHARS if narrow else KEY_CHARS], "kernel": e.kernel, "shape family": _family(e),
             "device": e.parts.device_kind if narrow else f"{e.parts.device_kind} {memory}",
-            "ratio": f"{e.parts.ratio:g}", "decision": d.action if d.bounded else "fallback*",
+            "ratio": f"{e.parts.ratio:g}",
+            "decision": "fallback!" if is_observed_oom(d) else d.action if d.bounded else "fallback*",
             "estimated": format_bytes(d.estimated_bytes), "budget": format_bytes(d.budget_bytes),
             "why": _short(e, layout != "wide"), "created": _age(e.created_at), "hits": str(e.hits),
         }
@@ -565,6 +573,9 @@ def inspect(obj: Ctx, key: str | None, key_prefix: str | None, kernel: str | Non
     console.print(_list_table(entries, f"{len(entries)} decisions in {store.backend} store {store.location}"))
     if any(not e.decision.bounded for e in entries):
         console.print("* not bounded: the footprint could not be estimated, so the benchmark is skipped (fail closed)")
+    if any(is_observed_oom(e.decision) for e in entries):
+        console.print("! observed_oom: the benchmark ran out of memory here once; never retried "
+                      "(`prescreen clear --observed` forgets it)")
 
 
 @click.command()
@@ -605,12 +616,19 @@ def report(obj: Ctx, key_prefix: str | None, kernel: str | None, device: str | N
 @click.command()
 @click.option("--all", "everything", is_flag=True, help="Remove every entry.")
 @filter_options
+@click.option("--observed", is_flag=True,
+              help="Only fallbacks stored after a real out-of-memory error (observed_oom, shown as fallback!).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj
 def clear(obj: Ctx, everything: bool, key_prefix: str | None, kernel: str | None, device: str | None,
-          decision: str | None, older_than: str | None, yes: bool) -> None:
+          decision: str | None, older_than: str | None, observed: bool, yes: bool) -> None:
     """Remove stored decisions: all, or those the filters select (the filters of inspect)."""
-    chosen = selection(key_prefix, kernel, device, decision, older_than, required=True, everything=everything)
+    if observed and everything:
+        fail("--all cannot be combined with --observed")
+    filtered = any(v is not None for v in (key_prefix, kernel, device, decision, older_than))
+    base = selection(key_prefix, kernel, device, decision, older_than, required=not observed or filtered,
+                     everything=everything)
+    chosen = (lambda e: is_observed_oom(e.decision) and base(e)) if observed else base
     store = obj.store()
     doomed = [e for e in store.entries() if chosen(e)]
     console = out()

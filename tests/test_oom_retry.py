@@ -278,3 +278,29 @@ def test_selection_oom_retries_with_aten_then_next_compile_hits(tmp_path: Path, 
     assert counts[0] >= 1 and counts[1] == 0
     observed = [e for e in store.entries() if is_observed_oom(e.decision)]
     assert len(observed) == 1 and observed[0].kernel == "select:bmm"
+
+
+# ------------------------------------------------------------------ CLI: inspect marks them, clear --observed removes them
+
+
+def test_cli_inspect_marks_and_clear_observed_removes_only_observed(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from prescreen.cli import cli
+
+    cache = tmp_path / "s"
+    with DiskStore(cache) as store:
+        record_observed_oom(_plan(1024), BUDGET, store, requested_bytes=2 * 2**30, free_bytes=10)
+        lookup_or_decide(_plan(2048), BUDGET, store)  # a computed tune stays
+    env = {"COLUMNS": "250", "PRESCREEN_CACHE_DIR": None, "PRESCREEN_REDIS_URL": None}
+    shown = CliRunner().invoke(cli, ["--cache-dir", str(cache), "inspect"], env=env)
+    assert shown.exit_code == 0, shown.output
+    assert "fallback!" in shown.output and "observed_oom" in shown.output
+    gone = CliRunner().invoke(cli, ["--cache-dir", str(cache), "clear", "--observed", "--yes"], env=env)
+    assert gone.exit_code == 0, gone.output
+    assert "1 entries removed" in gone.output
+    with DiskStore(cache) as store:
+        left = list(store.entries())
+    assert len(left) == 1 and left[0].decision.tune
+    both = CliRunner().invoke(cli, ["--cache-dir", str(cache), "clear", "--observed", "--all", "--yes"], env=env)
+    assert both.exit_code == 2 and "error:" in both.output
