@@ -215,6 +215,12 @@ def name_for(hint: int) -> str | None:
     return _names.get(hint)
 
 
-def point_of(bucket: Bucket) -> int:
-    """The size ``warm`` compiles a bucket at: its largest hint (the bound the decision is made at)."""
-    return bucket.high
+def point_of(bucket: Bucket, index: int = 0) -> int:
+    """The size ``warm`` compiles a bucket at, for its ``index``-th shape: any size in it gives the same key.
+
+    Not the bound itself where the bucket has room: Dynamo gives a size equal to another dim of
+    the model one symbol (duck sizing), and a power of two is what model dims usually are (a
+    batch of 64 beside 64 features is specialized to a static 64). ``index`` keeps the shapes of
+    one compile apart for the same reason: ``high - 1 - index``, within the bucket.
+    """
+    return max(bucket.high - 1 - index, bucket.low + 1)

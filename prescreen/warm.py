@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import time
 import warnings
@@ -11,6 +12,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from prescreen import families
 from prescreen.budget import Budget, resolve_ratio
 from prescreen.errors import ConfigError, NotBounded
 from prescreen.expr import Const
@@ -61,6 +63,7 @@ class Record:
     hit: bool
     reason: str
     site: str = ""  # the kernel independent of the sizes it was compiled at (see kernel_site)
+    family: str = ""  # the shape family the decision covers, e.g. "batch in (2048, 4096]" (empty: static)
 
 
 @dataclasses.dataclass
@@ -72,6 +75,7 @@ class WarmReport:
     seconds: float = 0.0
     dry_run: bool = False
     store: str = ""
+    families: int = 0  # shape families the compiled sizes cover (one bucket per shape)
     #: Why nothing was guarded, and what to change, when a compile saw no autotuned kernel.
     hints: list[str] = dataclasses.field(default_factory=list)
 
@@ -113,6 +117,7 @@ class WarmReport:
             "not_bounded": self.not_bounded,
             "largest_estimated_bytes": self.largest,
             "compiles": self.compiles,
+            "families": self.families,
             "seconds": round(self.seconds, 3),
             "dry_run": self.dry_run,
             "store": self.store,
@@ -138,18 +143,34 @@ def _observer(report: WarmReport, sizes: Mapping[str, int]) -> Callable[[Outcome
         d = outcome.decision
         report.records.append(
             Record(outcome.key, plan.display_name, dict(sizes), d.action, d.bounded, d.estimated_bytes,
-                   d.budget_bytes, outcome.hit, d.reason, kernel_site(plan))
+                   d.budget_bytes, outcome.hit, d.reason, kernel_site(plan),
+                   ", ".join(text for _, text in plan.axis_labels))
         )
 
     return observe
 
 
-def select_points(shapes: tuple[ShapeRange, ...], points: int) -> list[dict[str, int]]:
-    """The sizes ``warm`` compiles at: ``points`` per shape family, every combination (one ``{}`` without shapes).
+def select_points(shapes: tuple[ShapeRange, ...], points: int | None = None) -> list[dict[str, int]]:
+    """The sizes ``warm`` compiles at, every combination over the shapes (one ``{}`` without shapes).
 
-    The one place that picks them, so a change of policy (one point per bucket, say) stays here.
+    By default one size per shape family (bucket, ``prescreen.families``) a range reaches
+    (``families.point_of``), so the compiles cover every size in it. ``points`` instead spreads
+    that many sizes geometrically over each range (also what ``$PRESCREEN_SHAPE_BUCKETS=exact``
+    gets, 2 per range, since every size is its own family then). A bad scheme is a ConfigError.
     """
-    return list(shape_points(shapes, points)) if shapes else [{}]
+    if not shapes:
+        return [{}]
+    scheme = families.scheme_from_env()
+    if points is not None or scheme.kind == "exact":
+        return list(shape_points(shapes, points or 2))
+    per_shape = [[families.point_of(b, i) for b in scheme.covering(s.low, s.high)] for i, s in enumerate(shapes)]
+    return [dict(zip((s.name for s in shapes), values)) for values in itertools.product(*per_shape)]
+
+
+def families_covered(grid: list[dict[str, int]]) -> int:
+    """How many shape families (one bucket per shape) the sizes in ``grid`` fall in."""
+    scheme = families.active_scheme()
+    return len({tuple((k, scheme.bucket(v)) for k, v in sorted(sizes.items())) for sizes in grid})
 
 
 #: Inductor settings that print autotune tables on stderr; ``warm`` sets them quiet unless ``verbose``.
@@ -187,7 +208,7 @@ def warm_model(
     device_memory: str | int | None = None,
     ratio: float | None = None,
     mode: str = "max-autotune",
-    points: int = 2,
+    points: int | None = None,
     dry_run: bool = False,
     inductor_config: Mapping[str, Any] | None = None,
     verbose: bool = False,
@@ -208,6 +229,7 @@ def warm_model(
     used = ReadOnlyStore(store) if dry_run else store
     report = WarmReport(dry_run=dry_run, store=store.location)
     grid = select_points(shapes, points)
+    report.families = families_covered(grid) if shapes else 0
     settings = _settings(inductor_config, verbose)
     start = time.perf_counter()
     was_active = activation.is_installed()
@@ -225,7 +247,7 @@ def warm_model(
                 try:
                     torch._dynamo.reset()
                     compiled = torch.compile(model, dynamic=True, mode=mode)
-                    with torch.no_grad():
+                    with torch.no_grad(), families.naming(sizes):
                         compiled(*inputs)
                     report.compiles += 1
                 except ConfigError:
