@@ -1,0 +1,87 @@
+"""CUDA end-to-end: OOM retry, runtime-autotune guard and observed_oom entries in real compiles (skip without CUDA)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)"),
+]
+
+OOM_TEXT = "CUDA out of memory. Tried to allocate 1.00 GiB"
+
+
+@pytest.fixture()
+def fresh(tmp_path: Path) -> Any:
+    import torch._inductor.config as ic
+
+    from prescreen.hooks import state
+    from prescreen.store import DiskStore
+
+    state.reset()
+    torch._dynamo.reset()
+    store = DiskStore(tmp_path / "store")
+    with ic.patch(fx_graph_cache=False, autotune_local_cache=False):
+        yield store
+    state.reset()
+
+
+def test_selection_oom_is_retried_with_aten_and_stored(fresh: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch._inductor import select_algorithm as sa
+
+    import prescreen
+    from prescreen.decision import is_observed_oom
+
+    def oom_allocation(*args: Any, **kwargs: Any) -> torch.Tensor:
+        raise torch.OutOfMemoryError(OOM_TEXT)
+
+    monkeypatch.setattr(sa, "rand_strided", oom_allocation)
+    x = torch.randn(2048, 1024, device="cuda", dtype=torch.float16)
+    w = torch.randn(1024, 1024, device="cuda", dtype=torch.float16)
+    with prescreen.installed(store=fresh, ratio=1.0):
+        y = torch.compile(lambda a, b: a @ b, dynamic=True, mode="max-autotune-no-cudagraphs")(x, w)
+    torch.testing.assert_close(y, x @ w, atol=1e-2, rtol=1e-2)
+    observed = [e for e in fresh.entries() if is_observed_oom(e.decision)]
+    assert observed and observed[0].kernel == "select:mm"
+
+
+def _pointwise(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    x.mul_(0.5).add_(y)
+    return x
+
+
+def test_runtime_autotune_over_budget_takes_first_config(fresh: Any) -> None:
+    import prescreen
+
+    x, y = torch.randn(1 << 20, device="cuda"), torch.randn(1 << 20, device="cuda")
+    ref = x.clone().mul_(0.5).add_(y)
+    with prescreen.installed(store=fresh, ratio=1e-9):
+        out = torch.compile(_pointwise, dynamic=True, mode="max-autotune-no-cudagraphs")(x, y)
+    torch.testing.assert_close(out, ref)
+    kernels = {e.kernel: e.decision.action for e in fresh.entries()}
+    runtime = {k: a for k, a in kernels.items() if k.startswith("autotune:")}
+    assert runtime and set(runtime.values()) == {"fallback"}, kernels
+
+
+def test_runtime_autotune_oom_is_retried_and_stored(fresh: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch._inductor import compile_fx
+
+    import prescreen
+    from prescreen.decision import is_observed_oom
+
+    def oom_clone(*args: Any, **kwargs: Any) -> torch.Tensor:
+        raise torch.OutOfMemoryError(OOM_TEXT)
+
+    monkeypatch.setattr(compile_fx, "clone_preserve_strides", oom_clone)
+    x, y = torch.randn(1 << 20, device="cuda"), torch.randn(1 << 20, device="cuda")
+    ref = x.clone().mul_(0.5).add_(y)
+    with prescreen.installed(store=fresh, ratio=1.0):
+        out = torch.compile(_pointwise, dynamic=True, mode="max-autotune-no-cudagraphs")(x, y)
+    torch.testing.assert_close(out, ref)
+    observed = [e for e in fresh.entries() if is_observed_oom(e.decision)]
+    assert observed and all(e.kernel.startswith("autotune:") for e in observed)

@@ -1,0 +1,118 @@
+"""The epilogue-fusion guard and the version checks of the new patches, without a GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from prescreen.decision import is_observed_oom
+from prescreen.expr import Const
+from prescreen.hooks import select_algorithm as sel
+from prescreen.hooks import state
+from prescreen.plan import KernelPlan, TensorArg
+from prescreen.store import DiskStore
+
+OOM_TEXT = "CUDA out of memory. Tried to allocate 512.00 MiB"
+
+
+def _plan() -> KernelPlan:
+    arg = TensorArg("buf0", "buffer", (Const(4096), Const(4096)), (Const(4096), Const(1)), "torch.float16", "cuda:0")
+    return KernelPlan(group_features=(), axis_names=(), axis_static_values=(), args=(arg,),
+                      kernel_name="fusion:epilogue")
+
+
+@pytest.fixture()
+def fusion_on_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> DiskStore:
+    """A fusion that upstream would benchmark, on a (pretend) 64 GiB CUDA device."""
+    monkeypatch.setattr(sel, "_is_benchmarked_fusion", lambda _a, _b: True)
+    monkeypatch.setattr(sel, "plan_for_fusion", lambda _a, _b: _plan())
+    monkeypatch.setattr(sel, "_fusion_device", lambda _n: torch.device("cuda", 0))
+    state.reset()
+    store = DiskStore(tmp_path / "s")
+    state.configure(store=store, device_memory="64GiB", ratio=0.25)
+    yield store
+    state.reset()
+
+
+def _should_fuse(result: Any) -> bool:
+    return bool(getattr(result, "should_fuse", result))
+
+
+def test_fusion_over_budget_is_not_benchmarked(fusion_on_gpu: DiskStore) -> None:
+    calls = []
+    guarded = sel._wrap_fusion(lambda self, a, b: calls.append(1) or True)
+    state.configure(ratio=1e-9)
+    assert not _should_fuse(guarded(None, object(), object()))
+    assert calls == []
+    assert [e.decision.action for e in fusion_on_gpu.entries()] == ["fallback"]
+
+
+def test_fusion_within_budget_runs_upstream(fusion_on_gpu: DiskStore) -> None:
+    guarded = sel._wrap_fusion(lambda self, a, b: "upstream")
+    assert guarded(None, object(), object()) == "upstream"
+
+
+def test_fusion_oom_leaves_kernels_unfused_and_is_remembered(fusion_on_gpu: DiskStore) -> None:
+    calls = []
+
+    def upstream(self: Any, a: Any, b: Any) -> Any:
+        calls.append(1)
+        raise torch.OutOfMemoryError(OOM_TEXT)
+
+    guarded = sel._wrap_fusion(upstream)
+    assert not _should_fuse(guarded(None, object(), object()))
+    assert calls == [1]
+    (entry,) = list(fusion_on_gpu.entries())
+    assert is_observed_oom(entry.decision) and "requested_bytes=536870912" in entry.decision.reason
+    assert not _should_fuse(guarded(None, object(), object()))  # a hit: never benchmarked again
+    assert calls == [1]
+
+
+def test_fusion_guard_error_lets_upstream_decide(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(_a: Any, _b: Any) -> bool:
+        raise AttributeError("no such node field in this torch")
+
+    monkeypatch.setattr(sel, "_is_benchmarked_fusion", broken)
+    assert sel._wrap_fusion(lambda self, a, b: "upstream")(None, object(), object()) == "upstream"
+
+
+def test_patch_installs_every_guard_and_unpatch_restores_upstream() -> None:
+    from torch._inductor import scheduler
+    from torch._inductor.select_algorithm import AlgorithmSelectorCache
+
+    originals = (AlgorithmSelectorCache.__call__, AlgorithmSelectorCache.autotune,
+                 scheduler.Scheduler.speedup_by_fusion)
+    was = [hasattr(f, sel._ORIGINAL_ATTR) for f in originals]
+    sel.unpatch()
+    try:
+        assert sel.patch()
+        assert hasattr(AlgorithmSelectorCache.__call__, sel._ORIGINAL_ATTR)
+        assert hasattr(AlgorithmSelectorCache.autotune, sel._ORIGINAL_ATTR)
+        assert hasattr(scheduler.Scheduler.speedup_by_fusion, sel._ORIGINAL_ATTR)
+        sel.unpatch()
+        assert not hasattr(AlgorithmSelectorCache.autotune, sel._ORIGINAL_ATTR)
+        assert not hasattr(scheduler.Scheduler.speedup_by_fusion, sel._ORIGINAL_ATTR)
+    finally:
+        if any(was):
+            sel.patch()
+
+
+def test_an_autotune_with_another_signature_is_left_alone(monkeypatch: pytest.MonkeyPatch,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    class Fake:
+        def autotune(self, choices: Any, name: Any) -> None:  # parameters in another order
+            pass
+
+    original = Fake.autotune
+    assert not sel._patch_attr(Fake, "autotune", sel._AUTOTUNE_PARAMS, sel._wrap_autotune, "autotune OOM-retry")
+    assert Fake.autotune is original
+    assert "does not take (name, input_nodes, layout, input_gen_fns, choices)" in caplog.text
+
+
+def test_conv_plan_carries_a_workspace_on_gpus_only() -> None:
+    assert sel.extern_workspace_bytes("convolution", torch.device("cuda", 0)) == sel.CONV_WORKSPACE_BYTES
+    assert sel.extern_workspace_bytes("convolution", torch.device("cpu")) == 0
+    assert sel.extern_workspace_bytes("mm", torch.device("cuda", 0)) == 0
