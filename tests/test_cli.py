@@ -526,7 +526,7 @@ def test_warm_real_compile(started: Started) -> None:
     assert report["tuned"] + report["fell_back"] + report["not_bounded"] == report["decisions_made"]
     for d in report["decisions"]:
         assert set(d) == {"key", "kernel", "sizes", "action", "bounded", "estimated_bytes", "budget_bytes", "hit",
-                          "reason", "site"}
+                          "reason", "site", "family"}
 
 
 def test_inspect_verify_recomputes_stored_decisions(tmp_path) -> None:
