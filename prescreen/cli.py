@@ -134,6 +134,7 @@ class Ctx:
                 fail(f"store unreachable: {health.backend} at {health.location}: {why}")
             faults.replay()
             self._store = store
+            click.get_current_context().call_on_close(store.close)  # writes the batched hit counts
         return self._store
 
 
