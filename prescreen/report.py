@@ -198,9 +198,9 @@ def write_png(entries: Sequence[Entry], path: str | Path) -> int:
         import matplotlib.pyplot as plt  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         raise ConfigError("--png needs matplotlib, which is not installed (pip install 'prescreen[plot]')") from None
-    charts = [Bars(e) for e in entries] or []
-    fig, axes = plt.subplots(max(1, len(charts)), 1, figsize=(9, 1.2 + 0.35 * MAX_BARS * max(1, len(charts))),
-                             squeeze=False)
+    charts = [Bars(e) for e in entries]
+    height = sum(1.2 + 0.35 * len(bars.rows) for bars in charts) or 2.0
+    fig, axes = plt.subplots(max(1, len(charts)), 1, figsize=(9, height), squeeze=False)
     for ax, bars in zip(axes[:, 0], charts):
         labels = [label for _, label, _ in bars.rows][::-1]
         values = [nbytes for _, _, nbytes in bars.rows][::-1]
