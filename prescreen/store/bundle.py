@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
+import math
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from prescreen.errors import ConfigError
 from prescreen.key import SCHEMA_VERSION
 from prescreen.store.base import Store, log
-from prescreen.store.entry import Entry, InvalidEntry
+from prescreen.store.entry import MAX_ENTRY_BYTES, Entry, InvalidEntry
 
 BUNDLE_FORMAT = "prescreen-bundle"
 BUNDLE_VERSION = 1
@@ -39,9 +42,152 @@ def export_bundle(store: Store, path: str | os.PathLike[str]) -> int:
     return len(entries)
 
 
-def _check_header(bundle: object, where: str) -> list[object]:
-    if not isinstance(bundle, dict):
-        raise ConfigError(f"{where} is not a prescreen bundle: expected a JSON object, found {type(bundle).__name__}")
+_CHUNK = 1 << 20
+_WS = " \t\n\r"
+_HEADER_LIMIT = 4096  # a header value (format name, versions, a date) is a few bytes
+
+
+class _Stream:
+    """JSON values pulled one at a time from a file, holding one value (at most the entry cap) and a chunk."""
+
+    def __init__(self, path: str | os.PathLike[str], where: str) -> None:
+        self.where = where
+        try:
+            self.file = open(path, encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read bundle {where}: {exc}") from None
+        self.buf, self.pos, self.eof = "", 0, False
+        self.decoder = json.JSONDecoder()  # NaN/Infinity parse; the entry check refuses them, one entry at a time
+
+    def close(self) -> None:
+        self.file.close()
+
+    def _fill(self) -> bool:
+        if self.eof:
+            return False
+        try:
+            chunk = self.file.read(_CHUNK)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read bundle {self.where}: {exc}") from None
+        if not chunk:
+            self.eof = True
+            return False
+        self.buf, self.pos = self.buf[self.pos :] + chunk, 0
+        return True
+
+    def bad(self, what: str) -> ConfigError:
+        return ConfigError(f"{self.where} is not a prescreen bundle: {what}")
+
+    def peek(self) -> str:
+        """The next character after whitespace ('' at the end of the file)."""
+        while True:
+            while self.pos < len(self.buf) and self.buf[self.pos] in _WS:
+                self.pos += 1
+            if self.pos < len(self.buf):
+                return self.buf[self.pos]
+            if not self._fill():
+                return ""
+
+    def expect(self, chars: str) -> str:
+        found = self.peek()
+        if not found or found not in chars:
+            raise self.bad(f"expected one of {chars!r}, found {found or 'the end of the file'!r}")
+        self.pos += 1
+        return found
+
+    def value(self, limit: int, what: str) -> object:
+        """The next JSON value; ``ConfigError`` if it is malformed or longer than ``limit`` characters."""
+        self.peek()
+        while True:
+            try:
+                found, end = self.decoder.raw_decode(self.buf, self.pos)
+            except RecursionError:
+                raise self.bad(f"{what} is nested too deeply") from None
+            except ValueError as exc:
+                if len(self.buf) - self.pos > limit:
+                    raise self.bad(f"{what} is longer than {limit} bytes") from None
+                if self._fill():
+                    continue
+                raise self.bad(f"{what}: {exc}") from None
+            if end == len(self.buf) and not self.eof and self._fill():
+                continue  # the value touched the end of what was read: a number may go on
+            if end - self.pos > limit:
+                raise self.bad(f"{what} is longer than {limit} bytes")
+            self.pos = end
+            return found
+
+    def members(self) -> Iterator[tuple[str, "_Stream"]]:
+        """The top-level object's keys, each with the stream positioned at its value (which the caller reads)."""
+        self.expect("{")
+        if self.peek() == "}":
+            self.pos += 1
+            return
+        while True:
+            name = self.value(_HEADER_LIMIT, "a top-level key")
+            if not isinstance(name, str):
+                raise self.bad("a top-level key is not a string")
+            self.expect(":")
+            yield name, self
+            if self.expect(",}") == "}":
+                break
+        if self.peek():
+            raise self.bad("text after the bundle object")
+
+    def items(self, what: str) -> Iterator[object]:
+        """The elements of an array, one at a time, each at most one entry's size."""
+        self.expect("[")
+        if self.peek() == "]":
+            self.pos += 1
+            return
+        index = 0
+        while True:
+            yield self.value(MAX_ENTRY_BYTES, f"{what} #{index}")
+            index += 1
+            if self.expect(",]") == "]":
+                return
+
+
+def _check_finite(payload: object) -> None:
+    """Raise ``InvalidEntry`` if a bundle entry holds NaN, Infinity or a number too large for a float."""
+    stack = [payload]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise InvalidEntry(f"entry holds the number {item!r}")
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def _scan_header(path: str | os.PathLike[str], where: str) -> int:
+    """First pass: check the header (wherever its keys are) and the shape of every entry; returns the count."""
+    stream = _Stream(path, where)
+    header: dict[str, object] = {}
+    count = -1
+    try:
+        if stream.peek() != "{":
+            found = stream.peek()
+            kind = {"[": "list", '"': "str", "": "an empty file"}.get(found, "something else")
+            raise ConfigError(f"{where} is not a prescreen bundle: expected a JSON object, found {kind}")
+        for name, member in stream.members():
+            if name == "entries":
+                if member.peek() != "[":
+                    raise ConfigError(f"{where}: 'entries' must be a list, found {_kind(member.value(_HEADER_LIMIT, 'entries'))}")
+                count = sum(1 for _ in member.items("entry"))
+            else:
+                header[name] = member.value(_HEADER_LIMIT, f"header {name!r}")
+    finally:
+        stream.close()
+    _check_header({**header, "entries": [] if count >= 0 else None}, where)
+    return count
+
+
+def _kind(value: object) -> str:
+    return type(value).__name__
+
+
+def _check_header(bundle: dict[str, object], where: str) -> None:
     found = bundle.get("format")
     if found != BUNDLE_FORMAT:
         raise ConfigError(f"{where} is not a prescreen bundle: format is {found!r}, expected {BUNDLE_FORMAT!r}")
@@ -59,35 +205,57 @@ def _check_header(bundle: object, where: str) -> list[object]:
     entries = bundle.get("entries")
     if not isinstance(entries, list):
         raise ConfigError(f"{where}: 'entries' must be a list, found {type(entries).__name__}")
-    return entries
+
+
+@dataclasses.dataclass
+class ImportReport:
+    """What ``import_bundle`` did, for its one summary line."""
+
+    imported: int = 0
+    present: int = 0
+    invalid: int = 0
+    first_invalid: str = ""
+
+    def skip(self, index: int, why: object) -> None:
+        self.invalid += 1
+        if not self.first_invalid:
+            self.first_invalid = f"#{index}: {why}"
 
 
 def import_bundle(store: Store, path: str | os.PathLike[str]) -> tuple[int, int]:
-    """Validate and store the entries of a bundle; returns (imported, skipped).
+    """Validate and store the entries of a bundle, streaming it; returns (imported, skipped).
 
     Skipped: invalid entries and entries the store already holds (or could not
-    store). A file that is not a bundle of this format and schema is refused
-    whole with a ``ConfigError``.
+    store), reported in one warning line. Memory stays bounded by one entry
+    (``MAX_ENTRY_BYTES``) plus a read chunk whatever the bundle's size. A file
+    that is not a bundle of this format and schema, or holds a value over the
+    cap, is refused whole with a ``ConfigError`` before anything is stored.
     """
     where = str(path)
+    _scan_header(path, where)
+    report = ImportReport()
+    stream = _Stream(path, where)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read bundle {where}: {exc}") from None
-    try:
-        bundle = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"{where} is not a prescreen bundle: not valid JSON ({exc})") from None
-    imported = skipped = 0
-    for index, payload in enumerate(_check_header(bundle, where)):
-        try:
-            entry = Entry.from_payload(payload)
-        except (InvalidEntry, ValueError) as exc:  # ValueError: a NotBounded from the stored plan
-            log.warning("prescreen import %s: entry #%d skipped: %s", where, index, exc)
-            skipped += 1
-            continue
-        if store.put(entry.with_hits(0)):
-            imported += 1
-        else:
-            skipped += 1
-    return imported, skipped
+        for name, member in stream.members():
+            if name != "entries":
+                member.value(_HEADER_LIMIT, f"header {name!r}")
+                continue
+            for index, payload in enumerate(member.items("entry")):
+                try:
+                    _check_finite(payload)
+                    entry = Entry.from_payload(payload)
+                except InvalidEntry as exc:
+                    report.skip(index, exc)
+                    continue
+                if store.put(entry.with_hits(0)):
+                    report.imported += 1
+                else:
+                    report.present += 1
+    finally:
+        stream.close()
+    if report.invalid:
+        log.warning(
+            "prescreen import %s: skipped %d invalid entries (first %s); %d imported, %d already present",
+            where, report.invalid, report.first_invalid, report.imported, report.present,
+        )
+    return report.imported, report.present + report.invalid

@@ -59,6 +59,7 @@ DEFAULT_TIMEOUT = 0.5
 DEFAULT_COOLDOWN = 30.0
 HITS_PREFIX = "hits:"
 HIT_FLUSH_SECONDS = 2.0
+MAX_HITS = 2**62  # counters saturate here, far inside SQLite's 64-bit integers
 RECOVERY_WAIT = 10.0  # how long an opener waits for another process's recovery
 
 
@@ -105,8 +106,22 @@ def resolve_size_limit(size_limit: int | str | None = None) -> int:
         raise ConfigError(f"{source}={raw!r} is not a size (expected e.g. 1GiB, 512MiB or a byte count)") from None
 
 
+def hit_count(value: object) -> int | None:
+    """A stored hit counter, or None when the value is not a sane non-negative integer."""
+    return value if type(value) is int and 0 <= value < MAX_HITS else None
+
+
 def _is_entry_key(key: object) -> bool:
     return isinstance(key, str) and not key.startswith(HITS_PREFIX)
+
+
+def write_hits(cache: FastOpenCache, pending: collections.Counter[str]) -> None:
+    """Add ``pending`` to the stored counters in one transaction; a counter that is not an integer restarts."""
+    with cache.transact():
+        for key, count in pending.items():
+            if key in cache:
+                name = HITS_PREFIX + key
+                cache.set(name, min((hit_count(cache.get(name)) or 0) + count, MAX_HITS))
 
 
 class DiskStore(Store):
@@ -266,7 +281,10 @@ class DiskStore(Store):
 
     def _stored_hits(self, key: str) -> int:
         value = self._run(False, lambda c: c.get(HITS_PREFIX + key), None)
-        return value if type(value) is int else 0
+        count = hit_count(value)
+        if count is None and value is not None:
+            self.warn_once("invalid hit counter", f"key {key[:12]}: {str(value)[:40]!r} counts as 0 and is reset")
+        return count or 0
 
     # -- the Store interface ----------------------------------------------------
 
@@ -302,10 +320,7 @@ class DiskStore(Store):
 
         def write(cache: FastOpenCache | ReadOnlyCache) -> None:
             assert isinstance(cache, FastOpenCache)
-            with cache.transact():
-                for key, count in pending.items():
-                    if key in cache:
-                        cache.incr(HITS_PREFIX + key, count)
+            write_hits(cache, pending)
 
         self._run(True, write, None)
 

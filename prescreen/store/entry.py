@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import socket
 import time
@@ -76,7 +77,20 @@ class Entry:
 
     @staticmethod
     def from_payload(d: object, expected_key: str | None = None) -> "Entry":
-        """Validate a decoded entry; raises ``InvalidEntry`` naming what is wrong."""
+        """Validate a decoded entry; raises ``InvalidEntry`` (and nothing else) naming what is wrong."""
+        try:
+            return Entry._from_payload(d, expected_key)
+        except InvalidEntry:
+            raise
+        except RecursionError:
+            raise InvalidEntry("entry nests too deeply") from None
+        except ValueError as exc:  # a NotBounded from the stored plan
+            raise InvalidEntry(f"stored plan is invalid: {exc}") from None
+        except (KeyError, TypeError, AttributeError, OverflowError, IndexError) as exc:
+            raise InvalidEntry(f"malformed entry: {exc!r}") from None
+
+    @staticmethod
+    def _from_payload(d: object, expected_key: str | None) -> "Entry":
         if not isinstance(d, Mapping):
             raise InvalidEntry(f"entry must be a JSON object, got {type(d).__name__}")
         schema = d.get("schema_version")
@@ -85,17 +99,19 @@ class Entry:
         try:
             raw_parts = d["parts"]
             versions = raw_parts["versions"]
+            if not isinstance(versions, Mapping):
+                raise InvalidEntry("parts.versions must be a JSON object")
             parts = KeyParts(
-                plan_hash=str(raw_parts["plan_hash"]),
-                family_hash=str(raw_parts["family_hash"]),
-                device_kind=str(raw_parts["device_kind"]),
-                total_memory=int(raw_parts["total_memory"]),
-                ratio=float(raw_parts["ratio"]),
-                schema_version=int(raw_parts["schema_version"]),
-                estimator_version=int(raw_parts["estimator_version"]),
-                versions=tuple((str(k), str(v)) for k, v in sorted(versions.items())),
+                plan_hash=_str(raw_parts, "plan_hash"),
+                family_hash=_str(raw_parts, "family_hash"),
+                device_kind=_str(raw_parts, "device_kind"),
+                total_memory=_int(raw_parts, "total_memory"),
+                ratio=_finite(raw_parts, "ratio"),
+                schema_version=_int(raw_parts, "schema_version"),
+                estimator_version=_int(raw_parts, "estimator_version"),
+                versions=_versions(versions),
             )
-            key = str(d["key"])
+            key = _str(d, "key")
             decision = Decision.from_payload(d["decision"])
             plan = d["plan"]
             family = d["family"]
@@ -104,18 +120,18 @@ class Entry:
             entry = Entry(
                 key=key,
                 parts=parts,
-                kernel=str(d["kernel"]),
+                kernel=_str(d, "kernel"),
                 plan=plan,
                 family=family,
                 decision=decision,
-                created_at=float(d["created_at"]),
-                host=str(d["host"]),
-                pid=int(d["pid"]),
-                hits=int(d.get("hits", 0)),
+                created_at=_finite(d, "created_at"),
+                host=_str(d, "host"),
+                pid=_int(d, "pid"),
+                hits=_int(d, "hits") if "hits" in d else 0,
             )
         except InvalidEntry:
             raise
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError) as exc:
             raise InvalidEntry(f"malformed entry: {exc!r}") from None
         if parts.digest() != key:
             raise InvalidEntry("entry key does not match its key parts")
@@ -124,7 +140,10 @@ class Entry:
         if decision.estimator_version != parts.estimator_version:
             raise InvalidEntry("decision and key disagree on the estimator version")
         if expected_key is None:
-            # A listing, an import or a bundle: re-derive the hashes from the stored plan.
+            # A listing, an import or a bundle: re-derive the hashes from the stored plan. (On a
+            # lookup, depth is bounded by the JSON parser's recursion limit, caught as invalid.)
+            _check_depth(plan, "plan")
+            _check_depth(family, "family")
             stored_plan = KernelPlan.from_payload(plan)
             if stored_plan.plan_hash() != parts.plan_hash or family_hash(stored_plan) != parts.family_hash:
                 raise InvalidEntry("stored plan does not hash to the key's plan and family hashes")
@@ -139,16 +158,76 @@ class Entry:
 
     @staticmethod
     def from_json(text: str | bytes, expected_key: str | None = None) -> "Entry":
-        try:
-            payload = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise InvalidEntry(f"entry is not JSON: {exc}") from None
-        try:
-            return Entry.from_payload(payload, expected_key)
-        except InvalidEntry:
-            raise
-        except ValueError as exc:  # a NotBounded from the stored plan
-            raise InvalidEntry(f"stored plan is invalid: {exc}") from None
+        """Parse and validate stored JSON text; raises ``InvalidEntry`` (never anything else) naming what is wrong."""
+        return Entry.from_payload(parse_json(text), expected_key)
+
+
+def parse_json(text: str | bytes) -> object:
+    """JSON text of at most ``MAX_ENTRY_BYTES``, with finite numbers only; raises ``InvalidEntry``."""
+    if len(text) > MAX_ENTRY_BYTES:
+        raise InvalidEntry(f"entry is {len(text)} bytes, over the {MAX_ENTRY_BYTES}-byte cap")
+    try:
+        return _DECODER.decode(text.decode("utf-8") if isinstance(text, bytes) else text)
+    except RecursionError:
+        raise InvalidEntry("entry is JSON nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidEntry(f"entry is not JSON: {exc}") from None
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number prescreen stores")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is out of range")
+    return value
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+_INT_LIMIT = 2**63  # what SQLite, Redis and every counter here hold
+
+
+def _int(d: Mapping[str, object], name: str) -> int:
+    value = d[name]
+    if type(value) is not int or not 0 <= value < _INT_LIMIT:
+        raise InvalidEntry(f"{name} must be an integer in [0, 2**63), got {str(value)[:40]}")
+    return value
+
+
+def _finite(d: Mapping[str, object], name: str) -> float:
+    value = d[name]
+    if type(value) not in (int, float) or not math.isfinite(value) or abs(value) >= _INT_LIMIT:  # type: ignore[arg-type]
+        raise InvalidEntry(f"{name} must be a finite number, got {str(value)[:40]}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def _str(d: Mapping[str, object], name: str) -> str:
+    found = d[name]
+    if not isinstance(found, str):
+        raise InvalidEntry(f"{name} must be a string, got {type(found).__name__}")
+    return found
+
+
+def _versions(versions: Mapping[object, object]) -> tuple[tuple[str, str], ...]:
+    pairs = sorted(versions.items(), key=lambda kv: str(kv[0]))
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs):
+        raise InvalidEntry("parts.versions must map names to version strings")
+    return tuple(pairs)  # type: ignore[arg-type]
+
+
+def _check_depth(value: object, what: str) -> None:
+    """Raise ``InvalidEntry`` if ``value`` nests deeper than ``MAX_DEPTH`` (checked without recursion)."""
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise InvalidEntry(f"stored {what} nests deeper than {MAX_DEPTH} levels")
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item if isinstance(v, (dict, list)))
 
 
 def _is_dynamic(plan: dict[str, object]) -> bool:

@@ -25,7 +25,7 @@ from redis.retry import Retry
 
 from prescreen.errors import ConfigError
 from prescreen.store.base import Store, StoreStats
-from prescreen.store.entry import Entry
+from prescreen.store.entry import MAX_ENTRY_BYTES, Entry
 
 REDIS_URL_ENV = "PRESCREEN_REDIS_URL"
 DEFAULT_PREFIX = "prescreen:v1:"
@@ -33,11 +33,27 @@ DEFAULT_TIMEOUT = 0.5
 DEFAULT_COOLDOWN = 30.0
 _BATCH = 200
 
+# Never fails on data: a value that is not a string or is over the size cap comes back as
+# {0, why} unread; a counter INCR refuses (not an integer, another type) is reset to 1 and
+# reported as -1; a counter read without counting is -1 unless it is a plain integer.
 _GET_AND_COUNT = """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind == 'none' then return false end
+if kind ~= 'string' then return {0, 'a Redis ' .. kind .. ', not a string'} end
+local size = redis.call('STRLEN', KEYS[1])
+if size > tonumber(ARGV[2]) then return {0, 'a value of ' .. size .. ' bytes, over the cap'} end
 local value = redis.call('GET', KEYS[1])
-if not value then return false end
-if ARGV[1] == '1' then return {value, redis.call('INCR', KEYS[2])} end
-return {value, tonumber(redis.call('GET', KEYS[2]) or '0')}
+if ARGV[1] == '1' then
+  local ok, n = pcall(redis.call, 'INCR', KEYS[2])
+  if ok and n > 0 and n < 4611686018427387904 then return {value, n} end
+  redis.call('SET', KEYS[2], '1')
+  return {value, -1}
+end
+local ok, text = pcall(redis.call, 'GET', KEYS[2])
+if not ok then return {value, -1} end
+if not text then return {value, 0} end
+if string.match(text, '^%d+$') and string.len(text) < 19 then return {value, tonumber(text)} end
+return {value, -1}
 """
 
 T = TypeVar("T")
@@ -51,6 +67,26 @@ def redact_url(url: str) -> str:
     netloc = parts.netloc.rsplit("@", 1)[1]
     user = parts.username or ""
     return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+class _Refused:
+    """A Redis value left unread (another type, over the size cap); the store treats it as an invalid entry."""
+
+    __slots__ = ("why",)
+
+    def __init__(self, why: str) -> None:
+        self.why = f"value is {why}"
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _count(raw: object) -> int | None:
+    """A counter Redis returned (an int, or the digits of a GET), or None when it is not a sane integer."""
+    if isinstance(raw, bytes) and raw.isdigit() and len(raw) < 19:
+        raw = int(raw)
+    return raw if type(raw) is int and 0 <= raw < 2**62 else None
 
 
 class RedisStore(Store):
@@ -126,20 +162,51 @@ class RedisStore(Store):
     def _decode(self, key: str, raw: object, *, warn: bool = True) -> Entry | None:
         return self.decode(key, raw, warn=warn)
 
+    def _counter(self, key: str, raw: object) -> int:
+        """A hit counter as read back; one that is not a sane integer counts as 0 (and was reset when counting)."""
+        count = _count(raw)
+        if count is None:
+            self.warn_once("invalid hit counter", f"key {key[:12]}: {str(raw)[:40]!r} counts as 0")
+            return 0
+        return count
+
     def _fetch(self, key: str) -> tuple[object, int]:
         names = [self.entry_key(key), self.hits_key(key)]
         if self._use_script:
             try:
-                reply = self._script(keys=names, args=["1" if self.count_hits else "0"])
+                reply = self._script(keys=names, args=["1" if self.count_hits else "0", str(MAX_ENTRY_BYTES)])
             except redis.ResponseError:  # scripting disabled (a proxy, an ACL): plain commands
                 self._use_script = False
             else:
-                return (None, 0) if reply is None else (reply[0], int(reply[1]))
-        value = self._client.get(names[0])
-        if value is None:
+                if reply is None:
+                    return None, 0
+                if isinstance(reply[0], int):  # refused unread
+                    return _Refused(_text(reply[1])), 0
+                return reply[0], self._counter(key, reply[1])
+        return self._fetch_plain(key, names)
+
+    def _fetch_plain(self, key: str, names: list[str]) -> tuple[object, int]:
+        kind = _text(self._client.type(names[0]))
+        if kind == "none":
             return None, 0
-        hits = self._client.incr(names[1]) if self.count_hits else int(self._client.get(names[1]) or 0)
-        return value, int(hits)
+        if kind != "string":
+            return _Refused(f"a Redis {kind}, not a string"), 0
+        size = int(self._client.strlen(names[0]))
+        if size > MAX_ENTRY_BYTES:
+            return _Refused(f"a value of {size} bytes, over the cap"), 0
+        value = self._client.get(names[0])
+        if not self.count_hits:
+            try:
+                return value, self._counter(key, self._client.get(names[1]) or b"0")
+            except redis.ResponseError:
+                return value, self._counter(key, None)
+        try:
+            count = _count(self._client.incr(names[1]))
+        except redis.ResponseError:  # not an integer, or another type: restart it
+            count = None
+        if count is None or count == 0:
+            self._client.set(names[1], 1)
+        return value, self._counter(key, count if count else -1)
 
     # -- the Store interface ----------------------------------------------------
 
@@ -182,18 +249,40 @@ class RedisStore(Store):
 
         return self._call(scan, [])
 
+    def _read_batch(self, batch: list[str]) -> list[tuple[object, object]]:
+        """(value, counter) for each key; a value over the size cap or not a string comes back refused, unread."""
+        with self._client.pipeline(transaction=False) as pipe:
+            for k in batch:
+                pipe.strlen(self.entry_key(k))
+            sizes = pipe.execute(raise_on_error=False)
+        small = [k for k, n in zip(batch, sizes) if isinstance(n, int) and 0 < n <= MAX_ENTRY_BYTES]
+        names = [self.entry_key(k) for k in small] + [self.hits_key(k) for k in batch]
+        got = self._client.mget(names) if names else []
+        values = dict(zip(small, got))
+        counters = got[len(small) :]
+        out: list[tuple[object, object]] = []
+        for k, n, counter in zip(batch, sizes, counters):
+            if k in values:
+                out.append((values[k], counter))
+            elif isinstance(n, int) and n > MAX_ENTRY_BYTES:
+                out.append((_Refused(f"a value of {n} bytes, over the cap"), counter))
+            elif not isinstance(n, int):
+                out.append((_Refused("not a Redis string"), counter))
+            else:
+                out.append((None, counter))
+        return out
+
     def entries(self) -> Iterator[Entry]:
         keys = self.keys()
         for start in range(0, len(keys), _BATCH):
             batch = keys[start : start + _BATCH]
-            names = [self.entry_key(k) for k in batch] + [self.hits_key(k) for k in batch]
-            values = self._call(lambda names=names: self._client.mget(names), None)
-            if values is None:
+            rows = self._call(lambda batch=batch: self._read_batch(batch), None)  # type: ignore[misc]
+            if rows is None:
                 return
-            for i, key in enumerate(batch):
-                entry = self._decode(key, values[i])
+            for key, (value, counter) in zip(batch, rows):
+                entry = self._decode(key, value)
                 if entry is not None:
-                    yield entry.with_hits(int(values[len(batch) + i] or 0))
+                    yield entry.with_hits(self._counter(key, counter if counter is not None else 0))
 
     def delete(self, keys: list[str]) -> int:
         def remove() -> int:

@@ -106,7 +106,7 @@ class TextDisk(diskcache.Disk):
                     return Missing(str(filename))
                 if exc.errno == errno.ELOOP:
                     return Refused("its value file is a symlink")
-                raise
+                return Refused(f"its value file cannot be read ({exc.strerror})")
         name = _MODE_NAMES.get(mode, f"mode {mode}")
         return Refused(f"value is stored as {name}, not JSON text; it is never unpickled")
 

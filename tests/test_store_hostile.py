@@ -1,0 +1,239 @@
+"""Hostile numbers, shapes and sizes on every read path: an invalid entry (warn once, miss), never an exception."""
+
+from __future__ import annotations
+
+import json
+import logging
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import redis
+from click.testing import CliRunner
+from test_store_redis import client, redis_url  # noqa: F401  (fixtures: a redis-server on loopback)
+from test_store_support import BUDGET, make_entry, make_plan, warnings_of
+
+from prescreen.cli import cli
+from prescreen.decision import decide
+from prescreen.key import SCHEMA_VERSION
+from prescreen.service import lookup_or_decide
+from prescreen.store import DiskStore, RedisStore, Store, TieredStore, export_bundle, import_bundle
+from prescreen.store.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, _Stream
+from prescreen.store.disk import HITS_PREFIX
+from prescreen.store.entry import MAX_ENTRY_BYTES
+
+SEED = 3
+
+
+def _set(path: list[str], number: str) -> Callable[[str], str]:
+    """Put ``number`` (raw JSON text: Infinity, NaN, 1e400) at ``path`` in the entry's JSON."""
+
+    def edit(text: str) -> str:
+        d = json.loads(text)
+        target = d
+        for name in path[:-1]:
+            target = target[name]
+        target[path[-1]] = "@@NUMBER@@"
+        return json.dumps(d).replace('"@@NUMBER@@"', number)
+
+    return edit
+
+
+HOSTILE: dict[str, Callable[[str], str]] = {
+    **{
+        f"{'.'.join(path)}={number}": _set(path, number)
+        for path in (["pid"], ["hits"], ["created_at"], ["parts", "total_memory"])
+        for number in ("Infinity", "-Infinity", "NaN", "1e400", "-1", "1e18", "99999999999999999999999")
+        if not (path == ["created_at"] and number in ("-1", "1e18"))  # plain numbers there are valid times
+    },
+    "nested-100000": lambda text: "[" * 100_000 + "]" * 100_000,
+    "nested-in-plan": lambda text: text.replace('"plan":{', '"plan":{"x":' + "[" * 5000 + "]" * 5000 + ",", 1),
+    "over-the-cap": lambda text: text[:-1] + ',"pad":"' + "x" * (MAX_ENTRY_BYTES + 1) + '"}',
+    "versions-not-strings": lambda text: _set(["parts", "versions"], '{"torch":[1,2]}')(text),
+    "top-level-array": lambda text: "[1,2,3]",
+}
+
+
+@pytest.fixture(params=sorted(HOSTILE))
+def hostile(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """(key, hostile text stored under it): the entry of plan SEED, edited."""
+    entry = make_entry(SEED)
+    return entry.key, HOSTILE[request.param](entry.to_json())
+
+
+def every_read_path(store: Store, key: str, caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    """get, lookup_or_decide, entries, stats, export, remove_where, import: misses, never exceptions."""
+    plan = make_plan(SEED)
+    with caplog.at_level(logging.WARNING, logger="prescreen.store"):
+        assert store.get(key) is None
+        assert list(store.entries()) == []
+        store.stats()
+        assert export_bundle(store, tmp_path / "out.json") == 0
+        assert store.remove_where(lambda e: "fused" in e.kernel) == []
+        outcome = lookup_or_decide(plan, BUDGET, store)
+    assert outcome.decision == decide(plan, BUDGET) and not outcome.hit
+    assert len(warnings_of(caplog)) == 1, warnings_of(caplog)
+    got = store.get(key)  # the fresh decision replaced the hostile value
+    assert got is not None and got.decision == decide(plan, BUDGET)
+
+
+def test_disk_store(tmp_path: Path, hostile: tuple[str, str], caplog) -> None:
+    key, text = hostile
+    with DiskStore(tmp_path / "cache", min_file_size=2**22) as store:
+        assert store._cache is not None
+        store._cache.set(key, text)  # inline in cache.db, or a .val file when over the inline size
+        every_read_path(store, key, caplog, tmp_path)
+
+
+def test_disk_clear_all_empties_whatever_it_holds(tmp_path: Path) -> None:
+    with DiskStore(tmp_path / "cache") as store:
+        assert store._cache is not None
+        for i, make in enumerate(HOSTILE.values()):
+            store._cache.set(f"{i:064x}", make(make_entry(SEED).to_json()))
+        store._cache.set(HITS_PREFIX + "0" * 64, "not a number")
+        assert store.put(make_entry(1))
+        assert store.clear_all() == len(HOSTILE) + 1
+        assert store.keys() == [] and len(store._cache) == 0
+
+
+def test_cli_reads_and_clears_a_hostile_store(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    with DiskStore(directory) as store:
+        assert store._cache is not None
+        assert store.put(make_entry(1))
+        for i, make in enumerate(HOSTILE.values()):
+            store._cache.set(f"{i:064x}", make(make_entry(SEED).to_json()))
+    env = {"PRESCREEN_REDIS_URL": ""}
+    for command in (["inspect"], ["stats"], ["export", str(tmp_path / "b.json")], ["clear", "--kernel", "fused", "--yes"]):
+        result = CliRunner().invoke(cli, ["--cache-dir", str(directory), *command], env=env)
+        assert result.exit_code == 0, (command, result.output)
+    with DiskStore(directory) as store:
+        assert store.clear_all() == len(HOSTILE)
+        assert store.keys() == []
+
+
+def test_disk_bad_hit_counter_does_not_turn_the_store_off(tmp_path: Path, caplog) -> None:
+    entry, other = make_entry(1), make_entry(2)
+    with DiskStore(tmp_path / "cache") as store:  # the default 30 s cooldown: a fault would pause the store
+        assert store.put(entry) and store._cache is not None
+        store._cache.set(HITS_PREFIX + entry.key, "not a number")
+        with caplog.at_level(logging.WARNING, logger="prescreen.store"):
+            got = store.get(entry.key)
+            assert got is not None and got.hits == 1
+            store.flush_hits()
+            assert store.put(other)  # writes still work
+            assert store.get(other.key) is not None
+            assert store.stats().healthy
+        assert [m for m in warnings_of(caplog) if "hit counter" in m]
+    with DiskStore(tmp_path / "cache") as store:
+        assert store._stored_hits(entry.key) == 1  # the bad counter restarted from this process's hit
+
+
+# -- Redis ------------------------------------------------------------------------
+
+
+def test_redis_store(redis_url: str, client: redis.Redis, hostile: tuple[str, str], caplog, tmp_path: Path) -> None:  # noqa: F811
+    key, text = hostile
+    with RedisStore(redis_url) as store:
+        client.set(store.entry_key(key), text)
+        every_read_path(store, key, caplog, tmp_path)
+
+
+@pytest.mark.parametrize("counter", [b"abc", b"1e400", b"inf", b"-5", b"99999999999999999999999"])
+def test_redis_bad_hit_counter_is_reset_not_fatal(redis_url: str, client: redis.Redis, counter: bytes, caplog) -> None:  # noqa: F811
+    entry = make_entry(1)
+    with RedisStore(redis_url) as store, caplog.at_level(logging.WARNING, logger="prescreen.store"):
+        assert store.put(entry)
+        client.set(store.hits_key(entry.key), counter)
+        got = store.get(entry.key)
+        assert got is not None and got.decision == entry.decision
+        assert [e.key for e in store.entries()] == [entry.key]
+        again = store.get(entry.key)
+        assert again is not None and again.hits >= 1
+        assert store.stats().healthy
+    with RedisStore(redis_url, count_hits=False) as store:
+        client.set(store.hits_key(entry.key), counter)
+        assert store.get(entry.key) is not None
+
+
+def test_redis_value_of_another_type(redis_url: str, client: redis.Redis, caplog, tmp_path: Path) -> None:  # noqa: F811
+    key = make_entry(SEED).key
+    with RedisStore(redis_url) as store:
+        client.hset(store.entry_key(key), "a", "b")
+        client.hset(store.hits_key(key), "a", "b")
+        with caplog.at_level(logging.WARNING, logger="prescreen.store"):
+            assert store.get(key) is None
+            assert list(store.entries()) == []
+        assert store.clear_all() == 1 and client.dbsize() == 0
+
+
+def test_tiered_store(redis_url: str, client: redis.Redis, hostile: tuple[str, str], tmp_path: Path) -> None:  # noqa: F811
+    key, text = hostile
+    with TieredStore(DiskStore(tmp_path / "cache"), RedisStore(redis_url)) as store:
+        assert isinstance(store.remote, RedisStore) and isinstance(store.local, DiskStore)
+        client.set(store.remote.entry_key(key), text)
+        assert store.local._cache is not None
+        store.local._cache.set(key, text)
+        plan = make_plan(SEED)
+        assert store.get(key) is None
+        assert lookup_or_decide(plan, BUDGET, store).decision == decide(plan, BUDGET)
+        assert store.clear_all() == 1
+
+
+# -- bundles ----------------------------------------------------------------------
+
+
+def bundle_text(entries: list[str]) -> str:
+    header = {"format": BUNDLE_FORMAT, "bundle_version": BUNDLE_VERSION, "schema_version": SCHEMA_VERSION}
+    head = json.dumps({**header, "created_at": "now"})[:-1]
+    return head + ',"entries":[' + ",".join(entries) + "]}"
+
+
+UNREADABLE = ["nested-100000", "nested-in-plan", "over-the-cap"]  # no entry boundary to skip to: refused whole
+
+
+def test_import_skips_hostile_entries_in_one_summary_line(tmp_path: Path, caplog) -> None:
+    good = [make_entry(seed).to_json() for seed in range(3)]
+    bad = [make(make_entry(SEED).to_json()) for name, make in HOSTILE.items() if name not in UNREADABLE]
+    path = tmp_path / "b.json"
+    path.write_text(bundle_text([good[0], *bad, good[1], good[2]]))
+    with DiskStore(tmp_path / "cache") as store, caplog.at_level(logging.WARNING, logger="prescreen.store"):
+        assert import_bundle(store, path) == (3, len(bad))
+    messages = warnings_of(caplog)
+    assert len(messages) == 1 and f"skipped {len(bad)} invalid entries" in messages[0], messages
+
+
+@pytest.mark.parametrize("name", UNREADABLE)
+def test_import_refuses_a_bundle_with_an_unreadable_value(tmp_path: Path, name: str) -> None:
+    path = tmp_path / "b.json"
+    path.write_text(bundle_text([make_entry(1).to_json(), HOSTILE[name](make_entry(SEED).to_json())]))
+    with DiskStore(tmp_path / "cache") as store:
+        with pytest.raises(ValueError, match="nested too deeply|longer than"):
+            import_bundle(store, path)
+        assert store.keys() == []  # refused before anything was stored
+
+
+def test_bundle_streams_in_bounded_memory(tmp_path: Path) -> None:
+    entry = make_entry(1).to_json()
+    path = tmp_path / "big.json"
+    count = 16 * 2**20 // len(entry)  # 16 MiB of entries
+    with path.open("w") as out:
+        out.write(bundle_text([])[:-2])
+        out.write(",".join([entry] * count))
+        out.write("]}")
+    stream = _Stream(path, str(path))
+    tracemalloc.start()
+    try:
+        seen = 0
+        for name, member in stream.members():
+            if name == "entries":
+                seen += sum(1 for _ in member.items("entry"))
+            else:
+                member.value(100, name)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        stream.close()
+    assert seen == count
+    assert peak < 8 * 2**20, peak  # a read chunk and one entry (about 5 MiB), not the 16 MiB file
