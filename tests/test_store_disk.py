@@ -86,6 +86,40 @@ def test_hit_counts_survive_the_process(tmp_path) -> None:
     assert [e.hits for e in DiskStore(tmp_path / "c").entries()] == [5]
 
 
+@pytest.mark.parametrize("ending", ["collected", "dropped-in-a-function", "alive-at-exit"])
+def test_hit_counts_survive_a_store_collected_before_exit(tmp_path: Path, ending: str) -> None:
+    # Before the counts lived in a finalizer's buffer, a store collected before exit lost them
+    # (the at-exit flush held only a weak reference): ``make demo`` showed hits 1, 1, 1, 0.
+    import subprocess
+    import sys
+
+    entry = make_entry(5)
+    with DiskStore(tmp_path / "c") as first:
+        first.put(entry)
+    body = {
+        "collected": "s = DiskStore(d); [s.get(k) for _ in range(3)]; del s; gc.collect(); gc.collect()",
+        "dropped-in-a-function": "def f():\n    s = DiskStore(d); [s.get(k) for _ in range(3)]\nf(); gc.collect()",
+        "alive-at-exit": "s = DiskStore(d); [s.get(k) for _ in range(3)]",
+    }[ending]
+    code = f"import gc, sys\nfrom prescreen.store import DiskStore\nd, k = sys.argv[1], sys.argv[2]\n{body}\n"
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "c"), entry.key], check=True, timeout=120)
+    with DiskStore(tmp_path / "c") as after:
+        assert [e.hits for e in after.entries()] == [3]
+
+
+def test_hit_counts_survive_collection_in_process(tmp_path: Path) -> None:
+    import gc
+
+    entry = make_entry(5)
+    store = DiskStore(tmp_path / "c")
+    store.put(entry)
+    store.get(entry.key)
+    del store
+    gc.collect()
+    with DiskStore(tmp_path / "c") as after:
+        assert [e.hits for e in after.entries()] == [1]
+
+
 def test_first_writer_wins(store: DiskStore) -> None:
     entry = make_entry(4)
     rival = dataclasses.replace(entry, pid=entry.pid + 1)

@@ -22,7 +22,6 @@ warning, every lookup a miss, ``stats`` unhealthy, so the CLI exits 2.
 
 from __future__ import annotations
 
-import atexit
 import collections
 import math
 import os
@@ -63,13 +62,34 @@ MAX_HITS = 2**62  # counters saturate here, far inside SQLite's 64-bit integers
 RECOVERY_WAIT = 10.0  # how long an opener waits for another process's recovery
 
 
-def _flush_at_exit(ref: "weakref.ReferenceType[DiskStore]") -> None:
-    store = ref()
-    if store is not None:
-        try:
-            store.flush_hits()
-        except Exception:  # pragma: no cover - never fail an interpreter exit
-            pass
+class _HitBuffer:
+    """Hit counts not yet written, and the open cache to write them to.
+
+    Held apart from the store so that a ``weakref.finalize`` can flush it both
+    when the store is garbage-collected and at interpreter exit, whichever
+    comes first: every hit counted in a process that exits normally is stored.
+    """
+
+    def __init__(self) -> None:
+        self.pending: collections.Counter[str] = collections.Counter()
+        self.lock = threading.Lock()
+        self.cache: FastOpenCache | None = None
+        self.flushed_at = time.monotonic()
+
+    def take(self) -> collections.Counter[str]:
+        with self.lock:
+            pending, self.pending = self.pending, collections.Counter()
+            self.flushed_at = time.monotonic()
+        return pending
+
+    def final_flush(self) -> None:
+        """The finalizer: write what is pending, never raising (the store is gone or the interpreter exits)."""
+        pending, cache = self.take(), self.cache
+        if pending and cache is not None:
+            try:
+                write_hits(cache, pending)
+            except Exception:  # a hit count is statistics: never fail a collection or an exit for it
+                pass
 
 T = TypeVar("T")
 
@@ -129,6 +149,14 @@ class DiskStore(Store):
 
     backend = "disk"
 
+    @property
+    def _cache(self) -> FastOpenCache | None:
+        return self._hits.cache
+
+    @_cache.setter
+    def _cache(self, cache: FastOpenCache | None) -> None:
+        self._hits.cache = cache  # the finalizer writes pending hits to whatever is open
+
     def __init__(
         self,
         directory: str | os.PathLike[str] | None = None,
@@ -140,6 +168,7 @@ class DiskStore(Store):
         min_file_size: int = 2**15,
     ) -> None:
         super().__init__()
+        self._hits = _HitBuffer()  # holds the open cache (``_cache``) too
         self.directory = Path(directory).expanduser() if directory is not None else default_cache_dir()
         self.location = str(self.directory)
         self.size_limit = resolve_size_limit(size_limit)
@@ -149,16 +178,13 @@ class DiskStore(Store):
         self.min_file_size = min_file_size
         self.recovered: tuple[str, int] | None = None  # (moved-aside file, entries restored)
         self.refused: str | None = None  # why the directory is not safe to use, once refused
-        self._cache: FastOpenCache | None = None
         self._reader: ReadOnlyCache | None = None
         self._open_again_at = 0.0
         self._reads_paused_until = 0.0
         self._writes_paused_until = 0.0
         self._healthy = False
         self._lock = threading.RLock()
-        self._pending_hits: collections.Counter[str] = collections.Counter()
-        self._hits_flushed_at = time.monotonic()
-        atexit.register(_flush_at_exit, weakref.ref(self))
+        weakref.finalize(self, self._hits.final_flush)  # on collection, or at exit if still alive
         self._open()
 
     # -- opening and faults -------------------------------------------------
@@ -297,10 +323,10 @@ class DiskStore(Store):
         stored = self._stored_hits(key)
         if not (self.count_hits and self._cache is not None):
             return entry.with_hits(stored)
-        with self._lock:
-            self._pending_hits[key] += 1
-            pending = self._pending_hits[key]
-            due = time.monotonic() - self._hits_flushed_at >= HIT_FLUSH_SECONDS
+        with self._hits.lock:
+            self._hits.pending[key] += 1
+            pending = self._hits.pending[key]
+            due = time.monotonic() - self._hits.flushed_at >= HIT_FLUSH_SECONDS
         if due:
             self.flush_hits()
         return entry.with_hits(stored + pending)
@@ -312,9 +338,7 @@ class DiskStore(Store):
         lookup, several times the lookup itself; counts are statistics, so they
         are batched and written every few seconds, on close and at exit.
         """
-        with self._lock:
-            pending, self._pending_hits = self._pending_hits, collections.Counter()
-            self._hits_flushed_at = time.monotonic()
+        pending = self._hits.take()
         if not pending or self._cache is None:
             return
 
