@@ -107,6 +107,11 @@ NO_TORCH_OK: list[tuple[str, list[str]]] = [
 ]
 
 
+#: One real max-autotune compile of a two-GEMM MLP on CPU (frozen weights, so Inductor autotunes both).
+QUIET_WARM = ["warm", "{tiny}:mlp", "--shape", "batch=16", "--device-memory", "64GiB", "--inductor-config",
+              "freezing=True", "--json"]
+
+
 def _fill(cache: Path, plans: Path) -> None:
     env = {**CLEAN_ENV}
     for memory, kind in (("1MiB", "npu"), ("64GiB", "cuda")):
@@ -156,6 +161,7 @@ def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
         for i, (argv, env, _) in enumerate(TORCH_ERRORS):
             start(f"torch{i}", argv, env)
         start("cuda", CUDA_ERROR[0], CUDA_ERROR[1])
+        start("quiet-warm", QUIET_WARM, {})
         yield started
     finally:
         for _, proc in started.values():
@@ -210,3 +216,15 @@ def test_reading_commands_import_no_torch(procs: Procs, name: str) -> None:
         assert json.loads(done.stdout)["entries"] == 6
     if name == "inspect-key":
         assert "per-group bytes vs budget" in done.stdout
+
+
+@pytest.mark.slow
+def test_warm_is_quiet_and_counts_kernels(procs: Procs) -> None:
+    """Inductor's AUTOTUNE tables and choice stats stay off stderr; two GEMMs are two kernels."""
+    done, modules = finished(procs, "quiet-warm")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert modules == "torch"
+    assert "AUTOTUNE" not in done.stderr and "Autotune Choices Stats" not in done.stderr, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["compiles"] == 1 and report["kernels"] == 2 and report["hints"] == []
+    assert all(d["kernel"].startswith("select:") and d["action"] == "tune" for d in report["decisions"])
