@@ -195,7 +195,7 @@ def _check_redis_url(url: str, source: str) -> None:
              "or unix:///path/to/socket)")
 
 
-@click.group(cls=PrescreenGroup)
+@click.group(cls=PrescreenGroup, context_settings={"max_content_width": 120, "help_option_names": ["-h", "--help"]})
 @click.option("--cache-dir", envvar="PRESCREEN_CACHE_DIR", metavar="DIR",
               help="The diskcache directory of the store [env PRESCREEN_CACHE_DIR].")
 @click.option("--redis-url", envvar="PRESCREEN_REDIS_URL", metavar="URL",

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
 import json
+import logging
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -185,6 +187,26 @@ def _settings(inductor_config: Mapping[str, Any] | None, verbose: bool) -> dict[
     return {**quiet, **dict(inductor_config or {})}
 
 
+class _DecisionLines(logging.Filter):
+    """Drops the hooks' per-decision diagnostics (``state.log_once``): warm's table shows each decision."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.funcName != "log_once"
+
+
+@contextlib.contextmanager
+def _decision_lines_held(hold: bool) -> Iterator[None]:
+    if not hold:
+        yield
+        return
+    hooks_log, drop = logging.getLogger("prescreen.hooks"), _DecisionLines()
+    hooks_log.addFilter(drop)
+    try:
+        yield
+    finally:
+        hooks_log.removeFilter(drop)
+
+
 def why_nothing_was_guarded(device: str, mode: str, settings: Mapping[str, Any]) -> list[str]:
     """What to change when the compiles saw no autotuned kernel (``warm`` prints these instead of an empty table)."""
     hints = ["prescreen guards Inductor's autotune benchmarks, and these compiles ran none."]
@@ -235,7 +257,7 @@ def warm_model(
     was_active = activation.is_installed()
     activation.install(store=used, device_memory=device_memory, ratio=ratio)
     try:
-        with inductor_settings.patch(settings), warnings.catch_warnings():
+        with inductor_settings.patch(settings), warnings.catch_warnings(), _decision_lines_held(not verbose):
             if not verbose:
                 warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.")
             for i, sizes in enumerate(grid):

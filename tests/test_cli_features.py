@@ -255,3 +255,20 @@ def test_report_png(filled: Path, tmp_path: Path) -> None:
         pytest.skip("matplotlib is not installed (pip install 'prescreen[plot]')")
     assert "wrote 1 entries" in ok(invoke(filled, "report", "--png", str(image)))
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and image.stat().st_size > 1000
+
+
+def test_warm_holds_the_hooks_decision_lines(caplog: pytest.LogCaptureFixture) -> None:
+    """The table shows every decision, so the hooks' per-decision lines are held back; other warnings are not."""
+    import logging
+
+    from prescreen.hooks import state
+    from prescreen.warm import _decision_lines_held
+
+    with caplog.at_level(logging.INFO, logger="prescreen.hooks"):
+        with _decision_lines_held(True):
+            state.log_once("test-held-1", logging.WARNING, "prescreen: decision %s", 1)
+            logging.getLogger("prescreen.hooks").warning("prescreen: guard not installed")
+        with _decision_lines_held(False):
+            state.log_once("test-held-2", logging.WARNING, "prescreen: decision %s", 2)
+    assert [r.getMessage() for r in caplog.records if r.name == "prescreen.hooks"] == [
+        "prescreen: guard not installed", "prescreen: decision 2"]
