@@ -14,6 +14,7 @@ for ``cooldown`` seconds, so a compile never waits on a dead Redis.
 from __future__ import annotations
 
 import os
+import re
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -59,14 +60,49 @@ return {value, -1}
 T = TypeVar("T")
 
 
+_SECRET_PARAMS = re.compile(r"(?i)([?&;](?:password|passwd|pass|pwd|secret|token|auth)[^=&;#]*=)([^&;#]*)")
+
+
+def _userinfo(url: str) -> tuple[int, int] | None:
+    """Where the ``user:password`` part of ``url`` is: between ``://`` and the last ``@`` before any query."""
+    start = url.find("://")
+    if start < 0:
+        return None
+    start += 3
+    head = url.split("?", 1)[0]
+    at = head.rfind("@")
+    return (start, at) if at >= start else None
+
+
 def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for logs and stats)."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+    """``url`` with any password (``user:PASSWORD@``, even holding ``/`` or ``@``, or ``?password=``) as ``***``."""
+    span = _userinfo(url)
+    if span is not None:
+        start, at = span
+        user, colon, _ = url[start:at].partition(":")
+        url = url[:start] + (f"{user}:***" if colon else "***") + url[at:]
+    return _SECRET_PARAMS.sub(lambda m: m.group(1) + "***", url)
+
+
+def _secrets(url: str) -> list[str]:
+    """Every form a password in ``url`` could take in an error message (longest first)."""
+    found: list[str] = []
+    span = _userinfo(url)
+    if span is not None:
+        info = url[span[0] : span[1]]
+        found.append(info)
+        found.append(info.partition(":")[2] or info)
+    found.extend(m.group(2) for m in _SECRET_PARAMS.finditer(url))
+    pieces = [piece for text in list(found) for piece in re.split(r"[/@:?#&;]", text)]
+    decoded = [urllib.parse.unquote(text) for text in found]
+    return sorted({s for s in found + pieces + decoded if len(s) >= 2}, key=len, reverse=True)
+
+
+def scrub(text: str, url: str) -> str:
+    """``text`` with every form of ``url``'s password replaced by ``***`` (for error lines and warnings)."""
+    for secret in _secrets(url):
+        text = text.replace(secret, "***")
+    return text
 
 
 class _Refused:
@@ -108,6 +144,7 @@ class RedisStore(Store):
         if not url:
             raise ConfigError(f"no Redis URL given and {REDIS_URL_ENV} is not set")
         self.location = redact_url(url)
+        self._url_secrets = url  # kept only to scrub messages; never shown
         self.prefix = prefix
         self.cooldown = cooldown
         self.count_hits = count_hits
@@ -121,13 +158,17 @@ class RedisStore(Store):
                 decode_responses=False,
             )
         except ValueError as exc:
-            raise ConfigError(f"{REDIS_URL_ENV}={self.location!r} is not a Redis URL: {exc}") from None
+            raise ConfigError(f"{REDIS_URL_ENV}={self.location!r} is not a Redis URL: {scrub(str(exc), url)}") from None
         self._script = self._client.register_script(_GET_AND_COUNT)
         self._use_script = True
         self._down_until = 0.0
         self._healthy = True
 
     # -- plumbing -----------------------------------------------------------
+
+    def warn_once(self, what: str, exc: BaseException | str) -> None:
+        """As ``Store.warn_once``, with any form of the URL's password scrubbed from the message."""
+        super().warn_once(what, scrub(str(exc), self._url_secrets))
 
     def entry_key(self, key: str) -> str:
         return f"{self.prefix}{{{key}}}"
