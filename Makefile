@@ -47,6 +47,7 @@ demo: install
 bench: install
 	$(VPY) -P bench/bench_import.py
 	$(VPY) -P bench/bench_estimate.py
+	$(VPY) -P bench/bench_vs_upstream.py
 	$(VPY) -P bench/bench_store.py
 	$(VPY) -P bench/bench_hooks.py
 

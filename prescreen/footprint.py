@@ -335,7 +335,7 @@ class _Evaluator:
 
 def _first(mask: Column, shape: tuple[int, ...]) -> int:
     """Flat index (C order over the grid) of the first group where ``mask`` holds; -1 if none."""
-    if isinstance(mask, (bool, np.bool_)):
+    if isinstance(mask, (bool, int, np.bool_)):
         return 0 if mask else -1
     if not mask.any():
         return -1
@@ -477,7 +477,7 @@ class _PyGrid:
     def ev(self, expr: Expr, cols: dict[str, PyColumn]) -> PyColumn:
         kind = type(expr)
         if kind is Const:
-            return expr.value  # type: ignore[union-attr, no-any-return]
+            return expr.value  # type: ignore[union-attr]
         if kind is Axis:
             hit = cols.get(expr.name)  # type: ignore[union-attr]
             if hit is None:
@@ -526,56 +526,59 @@ class _PyGrid:
         elif min(col[1]) < 0:
             self.failed(col[0], next(i for i, v in enumerate(col[1]) if v < 0))
 
-    def arg_bytes(
+    def numel(
         self, arg: TensorArg | WorkspaceArg, cols: dict[str, PyColumn]
     ) -> tuple[PyColumn, list[PyColumn], list[PyColumn]]:
-        """Bytes per group, and the size and stride columns."""
-        info = _dtype_info(arg.dtype) if isinstance(arg.dtype, str) else None
-        if info is None:
-            raise _Fails
-        itemsize = info[1]
+        """Elements per group (the workspace count, or the tensor's storage), and the size and stride columns."""
         if isinstance(arg, WorkspaceArg):
             count = self.ev(arg.count, cols)
             self.nonnegative(count)
-            if isinstance(count, int):
-                return count * itemsize, [count], [1]
-            return (count[0], [v * itemsize for v in count[1]]), [count], [1]
-        sizes = [self.ev(e, cols) for e in arg.size]
-        strides = [self.ev(e, cols) for e in arg.stride]
+            return count, [count], [1]
+        ev = self.ev
+        sizes = [ev(e, cols) for e in arg.size]
+        strides = [ev(e, cols) for e in arg.stride]
         if len(sizes) != len(strides):
             raise _Fails
-        for col in sizes:
-            self.nonnegative(col)
-        for col in strides:
-            self.nonnegative(col)
-        if all(isinstance(c, int) for c in sizes) and all(isinstance(c, int) for c in strides):
-            ints = [int(c) for c in sizes]  # type: ignore[call-overload]
-            numel = 0 if 0 in ints else 1 + sum((d - 1) * s for d, s in zip(ints, strides))  # type: ignore[misc]
-            return numel * itemsize, sizes, strides
-        dims = tuple(sorted({d for c in (*sizes, *strides) if not isinstance(c, int) for d in c[0]}))
-        n = math.prod(self.shape[d] for d in dims)
+        lists: list[tuple[tuple[int, ...], list[int]]] = []
+        for col in (*sizes, *strides):
+            if isinstance(col, int):
+                if col < 0:
+                    raise _Fails
+            else:
+                lists.append(col)
+                if min(col[1]) < 0:
+                    self.failed(col[0], next(i for i, v in enumerate(col[1]) if v < 0))
+        if not lists:
+            ints = [c for c in sizes if isinstance(c, int)]
+            if 0 in ints:
+                return 0, sizes, strides
+            return 1 + sum((d - 1) * s for d, s in zip(ints, strides) if isinstance(s, int)), sizes, strides
+        dims = lists[0][0]
+        if any(c[0] != dims for c in lists):
+            dims = tuple(sorted({d for c in lists for d in c[0]}))
+            n = math.prod(self.shape[d] for d in dims)
+        else:
+            n = len(lists[0][1])
         acc = [1] * n
         empty: list[list[int]] = []
         for d_col, s_col in zip(sizes, strides):
-            d = d_col if isinstance(d_col, int) else self.expand(d_col, dims)
             s = s_col if isinstance(s_col, int) else self.expand(s_col, dims)
-            if isinstance(d, int):
-                if d == 0:
+            if isinstance(d_col, int):
+                if d_col == 0:
                     return 0, sizes, strides
-                if isinstance(s, int):
-                    acc = [a + (d - 1) * s for a in acc]
-                else:
-                    acc = [a + (d - 1) * v for a, v in zip(acc, s)]
+                d = d_col - 1
+                acc = [a + d * s for a in acc] if isinstance(s, int) else [a + d * v for a, v in zip(acc, s)]
+                continue
+            values = self.expand(d_col, dims)
+            if 0 in values:
+                empty.append(values)
+            if isinstance(s, int):
+                acc = [a + (u - 1) * s for a, u in zip(acc, values)]
             else:
-                if 0 in d:
-                    empty.append(d)
-                if isinstance(s, int):
-                    acc = [a + (v - 1) * s for a, v in zip(acc, d)]
-                else:
-                    acc = [a + (u - 1) * v for a, u, v in zip(acc, d, s)]
-        for d in empty:
-            acc = [0 if u == 0 else a for a, u in zip(acc, d)]
-        return (dims, [a * itemsize for a in acc]), sizes, strides
+                acc = [a + (u - 1) * v for a, u, v in zip(acc, values, s)]
+        for values in empty:
+            acc = [0 if u == 0 else a for a, u in zip(acc, values)]
+        return (dims, acc), sizes, strides
 
 
 def _small(plan: KernelPlan, args: list[TensorArg | WorkspaceArg], layout: _Layout) -> Footprint:
@@ -583,13 +586,30 @@ def _small(plan: KernelPlan, args: list[TensorArg | WorkspaceArg], layout: _Layo
     cols: dict[str, PyColumn] = {
         name: values[0] if dim is None else ((dim,), list(values)) for name, (dim, values) in layout.columns.items()
     }
+    # Arguments with the same expressions (several buffers of one shape) are evaluated once.
+    memo: dict[object, tuple[PyColumn, list[PyColumn], list[PyColumn]]] = {}
     per_arg: list[tuple[PyColumn, list[PyColumn], list[PyColumn]]] = []
     for arg in args:
-        try:
-            per_arg.append(grid.arg_bytes(arg, cols))
-        except _Fails:
+        info = _dtype_info(arg.dtype) if type(arg.dtype) is str else None
+        if info is None:
             grid.fail_at = 0
             break
+        key = (arg.size, arg.stride) if type(arg) is TensorArg else arg.count  # type: ignore[union-attr]
+        hit = memo.get(key)
+        if hit is None:
+            try:
+                hit = memo[key] = grid.numel(arg, cols)
+            except _Fails:
+                grid.fail_at = 0
+                break
+        numel, sizes, strides = hit
+        itemsize = info[1]
+        if isinstance(numel, int):
+            per_arg.append((numel * itemsize, sizes, strides))
+        elif itemsize == 1:
+            per_arg.append(hit)
+        else:
+            per_arg.append(((numel[0], [v * itemsize for v in numel[1]]), sizes, strides))
     if grid.fail_at >= 0:
         env = layout.env_at(grid.fail_at)
         for arg in args:
@@ -599,25 +619,23 @@ def _small(plan: KernelPlan, args: list[TensorArg | WorkspaceArg], layout: _Layo
     mutated = set(plan.mutated_arg_names)
     n_groups = math.prod(layout.shape)
     every = tuple(range(len(layout.shape)))
-    total: PyColumn = 0
-    clones: PyColumn = 0
-    for arg, (nbytes, _, _) in zip(args, per_arg):
-        total = _py_add(grid, total, nbytes, every)
-        if arg.name in mutated:
-            clones = _py_add(grid, clones, nbytes, every)
-    totals = [total] * n_groups if isinstance(total, int) else grid.expand(total, every)
-    peak_clone = max(0, clones if isinstance(clones, int) else max(clones[1]))
+    totals = _py_sum(grid, [b for b, _, _ in per_arg], n_groups, every)
+    if mutated:
+        clone_bytes = [b for arg, (b, _, _) in zip(args, per_arg) if arg.name in mutated]
+        peak_clone = max(0, max(_py_sum(grid, clone_bytes, n_groups, every))) if clone_bytes else 0
+    else:
+        peak_clone = 0
     synthetic = sum(totals)
     largest = totals.index(max(totals))
 
     dominant: ArgFootprint | None = None
     if args:
-        peaks = [b if isinstance(b, int) else max(b[1]) for b, _, _ in per_arg]
+        peaks = [b if type(b) is int else max(b[1]) for b, _, _ in per_arg]  # type: ignore[index]
         peak = max(peaks)
         best = (n_groups, len(args))
         for i, (nbytes, _, _) in enumerate(per_arg):
             if peaks[i] == peak:
-                at = 0 if isinstance(nbytes, int) else grid.flat(nbytes[0], nbytes[1].index(peak))
+                at = 0 if type(nbytes) is int else grid.flat(nbytes[0], nbytes[1].index(peak))  # type: ignore[index]
                 best = min(best, (at, i))
         at, i = best
         arg = args[i]
@@ -635,16 +653,27 @@ def _small(plan: KernelPlan, args: list[TensorArg | WorkspaceArg], layout: _Layo
     return Footprint(synthetic, peak_clone, synthetic + peak_clone, tuple(zip(ids, totals)), ids[largest], dominant)
 
 
-def _py_add(grid: _PyGrid, acc: PyColumn, col: PyColumn, every: tuple[int, ...]) -> PyColumn:
-    """``acc + col``; ``acc`` is an int or a column over every dimension."""
-    if isinstance(col, int):
-        if isinstance(acc, int):
-            return acc + col
-        return (every, [a + col for a in acc[1]])
-    values = grid.expand(col, every)
-    if isinstance(acc, int):
-        return (every, [v + acc for v in values])
-    return (every, [a + v for a, v in zip(acc[1], values)])
+def _py_sum(grid: _PyGrid, columns: list[PyColumn], n_groups: int, every: tuple[int, ...]) -> list[int]:
+    """Per-group sum of ``columns``: summed first among columns over the same dimensions, then expanded."""
+    if len(columns) == 1:
+        only = columns[0]
+        return [only] * n_groups if isinstance(only, int) else grid.expand(only, every)
+    const = 0
+    by_dims: dict[tuple[int, ...], list[int]] = {}
+    for col in columns:
+        if isinstance(col, int):
+            const += col
+            continue
+        dims, values = col
+        acc = by_dims.get(dims)
+        by_dims[dims] = values if acc is None else [a + v for a, v in zip(acc, values)]
+    totals: list[int] | None = None
+    for dims, values in by_dims.items():
+        full = grid.expand((dims, values), every)
+        totals = full if totals is None else [a + v for a, v in zip(totals, full)]
+    if totals is None:
+        return [const] * n_groups
+    return [t + const for t in totals] if const else totals
 
 
 def estimate_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:

@@ -98,7 +98,8 @@ class GroupGrid(Sequence[Group]):
         if self._groups is not None:
             return self._groups[index]
         choices = self.choices_at(index)
-        group_id, indices, values, axes = 0, [], [], {}
+        group_id, indices, values = 0, [], []
+        axes: dict[str, int] = {}
         radix = 1
         for feature, c in zip(self.features, choices):
             indices.append(feature.bucket_indices[c])
