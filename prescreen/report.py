@@ -59,8 +59,9 @@ def group_labels(plan: Mapping[str, Any], group_ids: Iterable[int]) -> dict[int,
         features = tuple(GroupFeature.from_payload(f) for f in plan.get("group_features") or ())
     except (ValueError, TypeError):
         features = ()
-    if not features:
-        return {g: f"group {g}" for g in ids}
+    if not features:  # an Inductor selection: one group, its family the plan's axis labels
+        family = ", ".join(str(pair[1]) for pair in plan.get("axis_labels") or () if len(pair) == 2)
+        return {g: family or f"group {g}" for g in ids}
     out = {}
     for g in ids:
         parts = []
