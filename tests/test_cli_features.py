@@ -204,7 +204,7 @@ def test_wide_layout_shows_every_column(filled: Path) -> None:
 
 
 def test_help_texts_have_no_markup() -> None:
-    for argv in [[], *([name] for name in cli.commands)]:  # type: ignore[attr-defined]
+    for argv in [[], *([name] for name in cli.commands)]:
         result = CliRunner().invoke(cli, [*argv, "--help"], env=CLEAN_ENV)
         assert result.exit_code == 0, result.output
         assert "`" not in result.output and ":func:" not in result.output, (argv, result.output)

@@ -86,7 +86,7 @@ TORCH_ERRORS: list[tuple[list[str], dict[str, str], str]] = [
     (["warm", "{tiny}:mlp", "--inductor-config", "no_such_option=1", "--device-memory", "64GiB"], {},
      "torch._inductor.config has no 'no_such_option'"),
 ]
-CUDA_ERROR = (["warm", "{tiny}:mlp", "--device", "cuda", "--device-memory", "64GiB"], {},
+CUDA_ERROR: tuple[list[str], dict[str, str], str] = (["warm", "{tiny}:mlp", "--device", "cuda", "--device-memory", "64GiB"], {},
               "--device 'cuda': no cuda device is available")
 
 #: Commands that succeed without importing torch, on a filled store ({cache}) or a copy of it ({scratch}).
