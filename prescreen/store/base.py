@@ -9,7 +9,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from prescreen.store.entry import Entry, InvalidEntry
+from prescreen.store.entry import Entry, InvalidEntry, UnsignedEntry
+from prescreen.store.signing import Signer, signer_from_env
 
 log = logging.getLogger("prescreen.store")
 
@@ -36,11 +37,13 @@ class Store(abc.ABC):
     backend: str = "abstract"
     location: str = ""
 
-    def __init__(self) -> None:
+    def __init__(self, signer: Signer | None = None) -> None:
         self._warned: set[str] = set()
         self._warn_lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        # With a secret (argument, PRESCREEN_SIGNING_KEY or _FILE), entries are signed on put and checked on read.
+        self.signer = signer if signer is not None else signer_from_env()
 
     def warn_once(self, what: str, exc: BaseException | str) -> None:
         """Log a store fault once per kind of fault per store."""
@@ -60,10 +63,13 @@ class Store(abc.ABC):
                 if why is not None:
                     raise InvalidEntry(str(why))
                 raise InvalidEntry(f"value is a {type(raw).__name__}, not JSON text")
-            return Entry.from_json(raw, expected_key=key)
+            return Entry.from_json(raw, expected_key=key, signer=self.signer)
         except InvalidEntry as exc:
             if warn:
-                what = "entry from another schema" if "schema" in str(exc) else "invalid entry"
+                if isinstance(exc, UnsignedEntry):
+                    what = "unsigned or forged entry"
+                else:
+                    what = "entry from another schema" if "schema" in str(exc) else "invalid entry"
                 self.warn_once(what, f"key {key[:12]}: {exc}")
             return None
 

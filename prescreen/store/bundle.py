@@ -14,7 +14,7 @@ from pathlib import Path
 from prescreen.errors import ConfigError
 from prescreen.key import SCHEMA_VERSION
 from prescreen.store.base import Store, log
-from prescreen.store.entry import MAX_ENTRY_BYTES, Entry, InvalidEntry
+from prescreen.store.entry import MAX_ENTRY_BYTES, Entry, InvalidEntry, UnsignedEntry
 
 BUNDLE_FORMAT = "prescreen-bundle"
 BUNDLE_VERSION = 1
@@ -28,7 +28,7 @@ def export_bundle(store: Store, path: str | os.PathLike[str]) -> int:
         "bundle_version": BUNDLE_VERSION,
         "schema_version": SCHEMA_VERSION,
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "entries": [e.to_payload() for e in entries],
+        "entries": [e.signed_payload(store.signer) for e in entries],
     }
     target = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
@@ -215,6 +215,7 @@ class ImportReport:
     present: int = 0
     invalid: int = 0
     first_invalid: str = ""
+    unsigned: int = 0
 
     def skip(self, index: int, why: object) -> None:
         self.invalid += 1
@@ -243,7 +244,10 @@ def import_bundle(store: Store, path: str | os.PathLike[str]) -> tuple[int, int]
             for index, payload in enumerate(member.items("entry")):
                 try:
                     _check_finite(payload)
-                    entry = Entry.from_payload(payload)
+                    entry = Entry.from_payload(payload, signer=store.signer)
+                except UnsignedEntry:
+                    report.unsigned += 1
+                    continue
                 except InvalidEntry as exc:
                     report.skip(index, exc)
                     continue
@@ -253,9 +257,11 @@ def import_bundle(store: Store, path: str | os.PathLike[str]) -> tuple[int, int]
                     report.present += 1
     finally:
         stream.close()
-    if report.invalid:
+    if report.invalid or report.unsigned:
+        refused = f"refused {report.unsigned} unsigned or forged entries; " if report.unsigned else ""
+        invalid = f"skipped {report.invalid} invalid entries (first {report.first_invalid}); " if report.invalid else ""
         log.warning(
-            "prescreen import %s: skipped %d invalid entries (first %s); %d imported, %d already present",
-            where, report.invalid, report.first_invalid, report.imported, report.present,
+            "prescreen import %s: %s%s%d imported, %d already present",
+            where, refused, invalid, report.imported, report.present,
         )
-    return report.imported, report.present + report.invalid
+    return report.imported, report.present + report.invalid + report.unsigned

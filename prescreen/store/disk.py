@@ -243,7 +243,7 @@ class DiskStore(Store):
             with recovery_lock(self.directory):
                 moved = quarantine(self.directory, self.timeout)
                 cache = self._new_cache()
-                restored = salvage(cache, self.directory, moved)
+                restored = salvage(cache, self.directory, moved, self.signer)
         except Exception as exc:
             self.warn_once(Fault.CORRUPT.value, f"{error}; recovery failed: {exc}")
             return False
@@ -349,7 +349,7 @@ class DiskStore(Store):
         self._run(True, write, None)
 
     def put(self, entry: Entry) -> bool:
-        text = entry.with_hits(0).to_json()
+        text = entry.with_hits(0).to_json(self.signer)
 
         def add(cache: FastOpenCache | ReadOnlyCache) -> bool:
             assert isinstance(cache, FastOpenCache)

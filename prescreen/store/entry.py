@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from prescreen.decision import Decision
 from prescreen.key import SCHEMA_VERSION, KeyParts, family_hash
 from prescreen.plan import KernelPlan, has_dynamic_axis
+from prescreen.store.signing import SIGNATURE_FIELD, BadSignature, Signer
 
 MAX_ENTRY_BYTES = 4 * 2**20  # an entry's JSON text is a few KiB; anything above this cap is refused unread
 MAX_DEPTH = 64  # nesting of a stored plan or family; a valid plan expression is a few levels deep
@@ -20,6 +21,10 @@ MAX_DEPTH = 64  # nesting of a stored plan or family; a valid plan expression is
 
 class InvalidEntry(ValueError):
     """A stored value that is not a valid entry of this schema."""
+
+
+class UnsignedEntry(InvalidEntry):
+    """An entry without a valid signature while a signing key is configured (``signing``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -72,13 +77,27 @@ class Entry:
             "hits": self.hits,
         }
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_payload(), sort_keys=True, separators=(",", ":"))
+    def signed_payload(self, signer: Signer | None) -> dict[str, object]:
+        """``to_payload``, with a signature when ``signer`` is given."""
+        payload = self.to_payload()
+        if signer is not None:
+            payload[SIGNATURE_FIELD] = signer.sign(payload)
+        return payload
+
+    def to_json(self, signer: Signer | None = None) -> str:
+        return json.dumps(self.signed_payload(signer), sort_keys=True, separators=(",", ":"))
 
     @staticmethod
-    def from_payload(d: object, expected_key: str | None = None) -> "Entry":
-        """Validate a decoded entry; raises ``InvalidEntry`` (and nothing else) naming what is wrong."""
+    def from_payload(d: object, expected_key: str | None = None, signer: Signer | None = None) -> "Entry":
+        """Validate a decoded entry (and its signature, given a signer); raises ``InvalidEntry`` and nothing else."""
         try:
+            if signer is not None:
+                if not isinstance(d, Mapping):
+                    raise InvalidEntry(f"entry must be a JSON object, got {type(d).__name__}")
+                try:
+                    signer.verify(d)
+                except BadSignature as exc:
+                    raise UnsignedEntry(str(exc)) from None
             return Entry._from_payload(d, expected_key)
         except InvalidEntry:
             raise
@@ -157,9 +176,9 @@ class Entry:
         return entry
 
     @staticmethod
-    def from_json(text: str | bytes, expected_key: str | None = None) -> "Entry":
+    def from_json(text: str | bytes, expected_key: str | None = None, signer: Signer | None = None) -> "Entry":
         """Parse and validate stored JSON text; raises ``InvalidEntry`` (never anything else) naming what is wrong."""
-        return Entry.from_payload(parse_json(text), expected_key)
+        return Entry.from_payload(parse_json(text), expected_key, signer)
 
 
 def parse_json(text: str | bytes) -> object:

@@ -27,6 +27,7 @@ from diskcache.core import DBNAME
 
 from prescreen.store.entry import Entry, InvalidEntry
 from prescreen.store.secure import value_file
+from prescreen.store.signing import Signer
 from prescreen.store.textdisk import TextDisk, read_value_file
 
 LOCK_NAME = "recovery.lock"
@@ -144,21 +145,21 @@ def _value_files(directory: Path) -> Iterator[Path]:
             yield from sorted(sub.rglob("*.val"))
 
 
-def _restore(cache: diskcache.Cache, text: str) -> bool | None:
-    """True: re-added; False: a valid entry already there; None: not a valid entry."""
+def _restore(cache: diskcache.Cache, text: str, signer: Signer | None) -> bool | None:
+    """True: re-added (the stored text as it was, signature and all); False: one already there; None: invalid."""
     try:
-        entry = Entry.from_json(text)
+        entry = Entry.from_json(text, signer=signer)
     except InvalidEntry:
         return None
-    return bool(cache.add(entry.key, entry.with_hits(0).to_json()))
+    return bool(cache.add(entry.key, text))
 
 
-def salvage(cache: diskcache.Cache, directory: Path, moved: Path | None) -> int:
+def salvage(cache: diskcache.Cache, directory: Path, moved: Path | None, signer: Signer | None = None) -> int:
     """Re-add the valid entries of a moved-aside database and of orphaned ``.val`` files; returns how many."""
     disk = TextDisk(str(directory))
     restored = 0
     for text, filename in _rows(moved, disk) if moved is not None else ():
-        outcome = _restore(cache, text)
+        outcome = _restore(cache, text, signer)
         restored += outcome is True
         full = value_file(str(directory), filename)
         if outcome is not None and full is not None:  # only the moved-aside database referred to this file
@@ -169,7 +170,7 @@ def salvage(cache: diskcache.Cache, directory: Path, moved: Path | None) -> int:
             found = read_value_file(str(path))
         except OSError:
             continue
-        if isinstance(found, str) and _restore(cache, found):
+        if isinstance(found, str) and _restore(cache, found, signer):
             restored += 1
             with contextlib.suppress(OSError):
                 path.unlink()

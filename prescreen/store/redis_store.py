@@ -261,7 +261,7 @@ class RedisStore(Store):
         return entry.with_hits(hits)
 
     def put(self, entry: Entry) -> bool:
-        name, text = self.entry_key(entry.key), entry.with_hits(0).to_json()
+        name, text = self.entry_key(entry.key), entry.with_hits(0).to_json(self.signer)
 
         def store() -> bool:
             if self._client.set(name, text, nx=True):

@@ -1,0 +1,94 @@
+"""Signed entries for a fleet: an HMAC-SHA256 over each entry's key and value, with a shared secret.
+
+Without a secret, the store is trusted input: whoever can write the cache
+directory, the Redis database or a bundle decides what prescreen does. With
+``PRESCREEN_SIGNING_KEY`` (the secret itself) or ``PRESCREEN_SIGNING_KEY_FILE``
+(a file holding it, readable by its owner only), every entry written carries
+``"signature": "hmac-sha256:<hex>"`` over ``key`` and its canonical JSON (all
+fields but ``hits``, which changes, and the signature). Read back from disk,
+Redis or a bundle, an entry that is unsigned or whose signature does not
+verify is a miss (one warning), and ``import`` refuses it. The signature is an
+optional field: a prescreen without a secret reads signed entries as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+
+from prescreen.errors import ConfigError
+
+SIGNING_KEY_ENV = "PRESCREEN_SIGNING_KEY"
+SIGNING_KEY_FILE_ENV = "PRESCREEN_SIGNING_KEY_FILE"
+MIN_KEY_BYTES = 16
+SIGNATURE_FIELD = "signature"
+_SCHEME = "hmac-sha256:"
+_UNSIGNED_FIELDS = frozenset({SIGNATURE_FIELD, "hits"})
+
+
+class BadSignature(ValueError):
+    """An entry without a valid signature where one is required; the message says which."""
+
+
+class Signer:
+    """Signs and verifies entry payloads with one shared secret."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) < MIN_KEY_BYTES:
+            raise ConfigError(f"the signing key is {len(key)} bytes; use at least {MIN_KEY_BYTES} random bytes")
+        self._key = key
+
+    def __repr__(self) -> str:
+        return "Signer(<secret>)"
+
+    def sign(self, payload: Mapping[str, object]) -> str:
+        """The signature of an entry payload (its ``key`` field and every field but hits and the signature)."""
+        body = {k: v for k, v in payload.items() if k not in _UNSIGNED_FIELDS}
+        text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        message = b"prescreen-entry\n" + str(payload.get("key", "")).encode() + b"\n" + text.encode()
+        return _SCHEME + hmac.new(self._key, message, hashlib.sha256).hexdigest()
+
+    def verify(self, payload: Mapping[str, object]) -> None:
+        """Raise ``BadSignature`` unless ``payload`` carries this secret's signature."""
+        found = payload.get(SIGNATURE_FIELD)
+        if found is None:
+            raise BadSignature("entry is unsigned and a signing key is configured")
+        if not isinstance(found, str) or not hmac.compare_digest(found, self.sign(payload)):
+            raise BadSignature("entry's signature does not verify with the configured signing key")
+
+
+def _read_key_file(path: Path) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise ConfigError(f"{SIGNING_KEY_FILE_ENV}={str(path)!r}: cannot read it ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as handle:
+        st = os.fstat(handle.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{SIGNING_KEY_FILE_ENV}={str(path)!r} is not a regular file")
+        if st.st_mode & 0o077:
+            raise ConfigError(
+                f"{SIGNING_KEY_FILE_ENV}={str(path)!r} has mode {stat.S_IMODE(st.st_mode):04o}; "
+                "a key file must be readable by its owner only (chmod 600)"
+            )
+        return handle.read(4096).strip()
+
+
+def signer_from_env() -> Signer | None:
+    """The configured signer, or None without a secret; raises ``ConfigError`` for a bad one."""
+    secret = os.environ.get(SIGNING_KEY_ENV, "")
+    path = os.environ.get(SIGNING_KEY_FILE_ENV, "").strip()
+    if secret and path:
+        raise ConfigError(f"set {SIGNING_KEY_ENV} or {SIGNING_KEY_FILE_ENV}, not both")
+    if path:
+        return Signer(_read_key_file(Path(path).expanduser()))
+    if secret:
+        return Signer(secret.encode())
+    return None
