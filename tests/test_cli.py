@@ -403,7 +403,7 @@ def test_import_refuses_other_bundles(tmp_path: Path, filled: Path, change: dict
 def test_import_rejects_what_is_not_a_bundle(tmp_path: Path) -> None:
     junk = tmp_path / "junk.json"
     junk.write_text("{not json")
-    assert_cli_error(invoke(tmp_path / "c", "import", str(junk)), "not valid JSON")
+    assert_cli_error(invoke(tmp_path / "c", "import", str(junk)), "junk.json is not a prescreen bundle")
     assert_cli_error(invoke(tmp_path / "c", "import", str(tmp_path / "absent.json")), "cannot read bundle")
 
 
