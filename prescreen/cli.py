@@ -495,23 +495,35 @@ def _entry_table(entry: Entry) -> Table:
     return table
 
 
-#: The columns of the ``inspect`` listing by terminal width: under COMPACT_BELOW, under WIDE_FROM, and wider.
+#: The columns of the ``inspect`` listing, widest first: the widest whose rows fit the terminal is used.
 LIST_COLUMNS = {
     "compact": ("key", "kernel", "device", "decision", "why"),
     "medium": ("key", "kernel", "shape family", "device", "decision", "why", "hits"),
     "wide": ("key", "kernel", "shape family", "device", "ratio", "decision", "estimated", "budget", "why", "created",
              "hits"),
 }
-WIDE_FROM = 180
 
 
 def _list_table(entries: Sequence[Entry], title: str) -> Table:
+    """The widest layout whose rows fit the terminal on one line each; the compact one under COMPACT_BELOW."""
+    from rich.measure import Measurement
+
+    console = out()
+    layouts = ["compact"] if console.width < COMPACT_BELOW else ["wide", "medium", "compact"]
+    for layout in layouts:
+        table = _list_layout(entries, title, layout)
+        unbounded = console.options.update_width(1 << 16)  # the natural width, not clamped to the terminal
+        if layout == "compact" or Measurement.get(console, unbounded, table).maximum <= console.width:
+            break
+    table.expand = layout != "wide"
+    return table
+
+
+def _list_layout(entries: Sequence[Entry], title: str, layout: str) -> Table:
     from rich.table import Table
 
-    width = out().width
-    layout = "compact" if width < COMPACT_BELOW else "medium" if width < WIDE_FROM else "wide"
     narrow = layout == "compact"
-    table = Table(title=title, expand=layout != "wide")
+    table = Table(title=title)
     cols = LIST_COLUMNS[layout]
     for col in cols:  # the kernel name gives way (ellipsis) so every other cell stays on one line
         flexible = col in ("kernel", "shape family") and layout != "wide"
