@@ -250,12 +250,29 @@ def _summary(report: WarmReport) -> Any:
     return table
 
 
+def _fits(table: Table) -> bool:
+    """Whether ``table``'s rows fit the terminal on one line each (its natural width, not clamped)."""
+    from rich.measure import Measurement
+
+    console = out()
+    unbounded = console.options.update_width(1 << 16)
+    return Measurement.get(console, unbounded, table).maximum <= console.width
+
+
 def _decisions(report: WarmReport) -> Table:
+    """warm's decisions: every column where they fit on one line per row, else the compact layout."""
+    if not compact():
+        wide = _decision_layout(report, narrow=False)
+        if _fits(wide):
+            return wide
+    return _decision_layout(report, narrow=True)
+
+
+def _decision_layout(report: WarmReport, narrow: bool) -> Table:
     from rich.table import Table
 
     from prescreen.report import short_reason
 
-    narrow = compact()
     table = Table(title="decisions", expand=narrow)
     cols = ["key", "kernel", "sizes", "decision", "estimated", "budget", "source", "reason"]
     if narrow:  # the reason holds the estimate and the budget
@@ -506,14 +523,10 @@ LIST_COLUMNS = {
 
 def _list_table(entries: Sequence[Entry], title: str) -> Table:
     """The widest layout whose rows fit the terminal on one line each; the compact one under COMPACT_BELOW."""
-    from rich.measure import Measurement
-
-    console = out()
-    layouts = ["compact"] if console.width < COMPACT_BELOW else ["wide", "medium", "compact"]
+    layouts = ["compact"] if compact() else ["wide", "medium", "compact"]
     for layout in layouts:
         table = _list_layout(entries, title, layout)
-        unbounded = console.options.update_width(1 << 16)  # the natural width, not clamped to the terminal
-        if layout == "compact" or Measurement.get(console, unbounded, table).maximum <= console.width:
+        if layout == "compact" or _fits(table):
             break
     table.expand = layout != "wide"
     return table
