@@ -58,13 +58,38 @@ def _source_name(shape_env: Any, sym: Any) -> str | None:
         return None
 
 
+def _grows(e: Any) -> bool:
+    """True when ``e`` cannot shrink as its (non-negative) symbols grow.
+
+    Only such an expression may be estimated at a bucket's upper bound: sums,
+    products with non-negative constants, positive powers and floor division by a
+    positive constant of growing terms. Anything else (``64 - s0``, ``4096 // s0``,
+    an unknown function) is not known to grow, so it is taken at the hint.
+    """
+    if not e.free_symbols or isinstance(e, sympy.Symbol):
+        return True
+    if isinstance(e, sympy.Add):
+        return all(_grows(a) for a in e.args)
+    if isinstance(e, sympy.Mul):
+        return all(_grows(a) if a.free_symbols else bool(a >= 0) for a in e.args)
+    if isinstance(e, sympy.Pow):
+        return isinstance(e.exp, sympy.Integer) and int(e.exp) >= 1 and _grows(e.base)
+    if isinstance(e, sympy.floor) and len(e.args) == 1:
+        return _grows(e.args[0])
+    if any(cls.__name__ == "FloorDiv" for cls in type(e).__mro__) and len(e.args) == 2:
+        num, den = e.args
+        return _grows(num) and not den.free_symbols and bool(den > 0)
+    return False
+
+
 class _Converter:
     """Turns IR sizes into expressions over axes named after their symbols.
 
     Each symbol's value is the upper bound of its hint's shape family
     (``prescreen.families``), so the plan, and the key, is the same for every
     hint in the bucket and the estimate never undercounts one of them. An
-    expression the estimator cannot read is taken at the hint itself.
+    expression the estimator cannot read, or one not known to grow with its
+    symbols (``_grows``), is taken at the hint itself (its plan keys by the hint).
     """
 
     def __init__(self, sizevars: Any) -> None:
@@ -91,9 +116,10 @@ class _Converter:
             if sym.name not in self.statics:
                 self.statics[sym.name] = self._family(sym)
         try:
-            return expr_from_sympy(e)
+            converted = expr_from_sympy(e)
         except NotBounded:
             return Const(self.hint(e))  # the benchmark uses the concrete hint anyway
+        return converted if _grows(e) else Const(self.hint(e))
 
     def tensor(self, name: str, node: Any, layout: Any) -> list[TensorArg | WorkspaceArg]:
         from torch._inductor.virtualized import V

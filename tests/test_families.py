@@ -287,3 +287,52 @@ def test_two_batches_in_one_bucket_share_one_stored_entry(tmp_path: Path, monkey
     assert clamped["hits"] == 0 and clamped["estimator_calls"] > 0  # mark_dynamic(max=50): (32, 50]
     statics = [dict(KernelPlan.from_payload(e.plan).axis_static_values) for e in store.entries()]
     assert any(50 in s.values() for s in statics)
+
+
+# ---------------------------------------------------------------- the hook's size conversion
+
+
+def test_only_expressions_that_grow_are_estimated_at_the_bound() -> None:
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+
+    from prescreen.hooks.select_algorithm import _grows  # type: ignore[import-not-found]
+
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    for e in (s0, s0 - 1, 2 * s0 * s1 + 3, s0**2, FloorDiv(s0, 16), s0 / 16, sympy.Integer(64)):
+        assert _grows(e), e
+    for e in (64 - s0, FloorDiv(4096, s0), 4096 / s0, -s0 + s1, ModularIndexing(s0, 1, 64), sympy.Max(s0, 3)):
+        assert not _grows(e), e
+
+
+class _SizeVars:
+    """The two things ``_Converter`` asks Inductor's sizevars for: hints and the ShapeEnv."""
+
+    def __init__(self, values: dict[str, int], shape_env: Any = None) -> None:
+        self.values, self.shape_env = values, shape_env
+
+    def optimization_hint(self, e: Any, fallback: int | None = None) -> int:
+        return int(e.subs({sym: self.values[sym.name] for sym in e.free_symbols}))
+
+    size_hint = optimization_hint
+
+
+def test_converter_keys_by_bucket_bound_and_takes_a_shrinking_expression_at_the_hint() -> None:
+    import sympy
+
+    from prescreen.expr import Axis, Const
+    from prescreen.hooks.select_algorithm import _Converter
+
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    conv = _Converter(_SizeVars({"s0": 3000}))
+    assert conv.expr(s0) == Axis("s0") and conv.expr(64) == Const(64)
+    assert conv.statics == {"s0": 4096}
+    assert conv.labels == {"s0": "s0 in (2048, 4096]"}
+    assert conv.expr(5000 - s0) == Const(2000)  # at the bound it would be 904: an undercount
+    clamped = _Converter(_SizeVars({"s0": 3000}, _BoundEnv(2, 3500)))
+    clamped.expr(s0)
+    assert clamped.statics == {"s0": 3500} and clamped.labels == {"s0": "s0 in (2048, 3500]"}
+    with families.naming({"batch": 3000}):
+        named = _Converter(_SizeVars({"s0": 3000}))
+        named.expr(s0)
+    assert named.labels == {"s0": "batch in (2048, 4096]"}
