@@ -377,7 +377,7 @@ def _vectorized(
     totals = np.broadcast_to(np.asarray(total, dtype=ev.dtype), shape).ravel()
     synthetic = int(totals.sum())
     peak_clone = max(0, int(np.max(clones)))
-    flat_totals = totals.tolist()
+    flat_totals = totals.tolist()  # Python ints, from int64 and from object arrays alike
     largest = int(np.argmax(totals))
 
     dominant: ArgFootprint | None = None
@@ -394,7 +394,7 @@ def _vectorized(
             layout.group_ids[at], arg.name, arg.kind, _canonical_dtype(arg.dtype), size, stride, nbytes_at
         )
     ids = layout.group_ids
-    group_bytes = tuple(zip(ids, (int(b) for b in flat_totals)))
+    group_bytes = tuple(zip(ids, flat_totals))
     return Footprint(synthetic, peak_clone, synthetic + peak_clone, group_bytes, ids[largest], dominant)
 
 
@@ -402,205 +402,140 @@ def _vectorized(
 #
 # The same algorithm on lists: numpy's fixed cost per operation (about a
 # microsecond) exceeds a small grid's whole evaluation. A column is an int (the
-# same in every group) or ``(dims, values)``: values over the listed grid
-# dimensions in C order, constant along the others.
+# same in every group) or a list with one value per group, in group order.
 
-PyColumn = Union[int, tuple[tuple[int, ...], list[int]]]
+FlatColumn = Union[int, list[int]]
 
 
-class _PyGrid:
-    """Index arithmetic over the grid: expansion between dimension sets, flat group indices."""
+class _Flat:
+    """Evaluates expressions over the groups of a small grid; ``fail_at`` is the first group that fails."""
 
-    def __init__(self, shape: tuple[int, ...]) -> None:
-        self.shape = shape
-        strides = [1] * len(shape)
-        for d in range(len(shape) - 2, -1, -1):
-            strides[d] = strides[d + 1] * shape[d + 1]
-        self.strides = strides
+    def __init__(self, layout: _Layout) -> None:
+        shape = layout.shape
+        n = math.prod(shape)
+        self.n = n
         self.fail_at = -1
+        cols: dict[str, FlatColumn] = {}
+        for name, (dim, values) in layout.columns.items():
+            if dim is None:
+                cols[name] = values[0]
+                continue
+            inner = math.prod(shape[dim + 1:])
+            column = [v for v in values for _ in range(inner)] if inner > 1 else list(values)
+            cols[name] = column * (n // len(column))
+        self.cols = cols
 
-    def index_map(self, dims: tuple[int, ...], target: tuple[int, ...]) -> list[int]:
-        """For each position of ``target`` (C order), the position of the same groups in ``dims``."""
-        src: dict[int, int] = {}
-        step = 1
-        for d in reversed(dims):
-            src[d] = step
-            step *= self.shape[d]
-        idx = [0]
-        for d in target:
-            s = src.get(d, 0)
-            idx = [j + i * s for j in idx for i in range(self.shape[d])]
-        return idx
-
-    def expand(self, col: tuple[tuple[int, ...], list[int]], target: tuple[int, ...]) -> list[int]:
-        dims, values = col
-        if dims == target:
-            return values
-        return [values[i] for i in self.index_map(dims, target)]
-
-    def flat(self, dims: tuple[int, ...], pos: int) -> int:
-        """Flat index of the first group holding position ``pos`` of a column over ``dims``."""
-        out = 0
-        for d in reversed(dims):
-            pos, i = divmod(pos, self.shape[d])
-            out += i * self.strides[d]
-        return out
-
-    def at(self, col: PyColumn, flat: int) -> int:
-        """The value of ``col`` in the group with flat index ``flat``."""
-        if isinstance(col, int):
-            return col
-        dims, values = col
-        pos = 0
-        for d in dims:
-            pos = pos * self.shape[d] + (flat // self.strides[d]) % self.shape[d]
-        return values[pos]
-
-    def align(
-        self, a: PyColumn, b: PyColumn
-    ) -> tuple[tuple[int, ...], list[int] | int, list[int] | int]:
-        if isinstance(a, int):
-            assert not isinstance(b, int)
-            return b[0], a, b[1]
-        if isinstance(b, int):
-            return a[0], a[1], b
-        if a[0] == b[0]:
-            return a[0], a[1], b[1]
-        dims = tuple(sorted(set(a[0]) | set(b[0])))
-        return dims, self.expand(a, dims), self.expand(b, dims)
-
-    def failed(self, dims: tuple[int, ...], pos: int) -> None:
-        at = self.flat(dims, pos)
+    def failed(self, at: int) -> None:
         if self.fail_at < 0 or at < self.fail_at:
             self.fail_at = at
 
-    def ev(self, expr: Expr, cols: dict[str, PyColumn]) -> PyColumn:
+    def ev(self, expr: Expr) -> FlatColumn:
         kind = type(expr)
         if kind is Const:
             return expr.value  # type: ignore[union-attr]
         if kind is Axis:
-            hit = cols.get(expr.name)  # type: ignore[union-attr]
+            hit = self.cols.get(expr.name)  # type: ignore[union-attr]
             if hit is None:
                 raise _Fails
             return hit
         if kind is Add or kind is Mul:
             operands = expr.operands  # type: ignore[union-attr]
-            value = self.ev(operands[0], cols)
+            x = self.ev(operands[0])
             add = kind is Add
             for operand in operands[1:]:
-                other = self.ev(operand, cols)
-                if isinstance(value, int) and isinstance(other, int):
-                    value = value + other if add else value * other
-                    continue
-                dims, x, y = self.align(value, other)
+                y = self.ev(operand)
                 if isinstance(x, int):
-                    value = (dims, [x + v for v in y] if add else [x * v for v in y])  # type: ignore[union-attr]
+                    if isinstance(y, int):
+                        x = x + y if add else x * y
+                    else:
+                        x = [x + v for v in y] if add else [x * v for v in y]
                 elif isinstance(y, int):
-                    value = (dims, [v + y for v in x] if add else [v * y for v in x])
+                    x = [v + y for v in x] if add else [v * y for v in x]
                 else:
-                    value = (dims, [u + v for u, v in zip(x, y)] if add else [u * v for u, v in zip(x, y)])
-            return value
+                    x = [u + v for u, v in zip(x, y)] if add else [u * v for u, v in zip(x, y)]
+            return x
         if kind is FloorDiv:
-            num = self.ev(expr.numerator, cols)  # type: ignore[union-attr]
-            den = self.ev(expr.denominator, cols)  # type: ignore[union-attr]
+            num = self.ev(expr.numerator)  # type: ignore[union-attr]
+            den = self.ev(expr.denominator)  # type: ignore[union-attr]
             if isinstance(den, int):
                 if den == 0:
                     raise _Fails
-                if isinstance(num, int):
-                    return num // den
-                return (num[0], [v // den for v in num[1]])
-            dims, x, y = self.align(num, den)
-            assert not isinstance(y, int)
-            if 0 in y:
-                self.failed(dims, y.index(0))
-                y = [v or 1 for v in y]
-            if isinstance(x, int):
-                return (dims, [x // v for v in y])
-            return (dims, [u // v for u, v in zip(x, y)])
-        raise _Fails
+                return num // den if isinstance(num, int) else [v // den for v in num]
+            if 0 in den:
+                self.failed(den.index(0))
+                den = [v or 1 for v in den]
+            return [num // v for v in den] if isinstance(num, int) else [u // v for u, v in zip(num, den)]
+        raise _Fails  # RuntimeArg (never boundable) or an unknown node
 
-    def nonnegative(self, col: PyColumn) -> None:
+    def nonnegative(self, col: FlatColumn) -> None:
         if isinstance(col, int):
             if col < 0:
                 raise _Fails
-        elif min(col[1]) < 0:
-            self.failed(col[0], next(i for i, v in enumerate(col[1]) if v < 0))
+        elif min(col) < 0:
+            self.failed(next(i for i, v in enumerate(col) if v < 0))
 
-    def numel(
-        self, arg: TensorArg | WorkspaceArg, cols: dict[str, PyColumn]
-    ) -> tuple[PyColumn, list[PyColumn], list[PyColumn]]:
+    def numel(self, arg: TensorArg | WorkspaceArg) -> tuple[FlatColumn, list[FlatColumn], list[FlatColumn]]:
         """Elements per group (the workspace count, or the tensor's storage), and the size and stride columns."""
         if isinstance(arg, WorkspaceArg):
-            count = self.ev(arg.count, cols)
+            count = self.ev(arg.count)
             self.nonnegative(count)
             return count, [count], [1]
         ev = self.ev
-        sizes = [ev(e, cols) for e in arg.size]
-        strides = [ev(e, cols) for e in arg.stride]
+        sizes = [ev(e) for e in arg.size]
+        strides = [ev(e) for e in arg.stride]
         if len(sizes) != len(strides):
             raise _Fails
-        lists: list[tuple[tuple[int, ...], list[int]]] = []
+        varying = False
         for col in (*sizes, *strides):
             if isinstance(col, int):
                 if col < 0:
                     raise _Fails
             else:
-                lists.append(col)
-                if min(col[1]) < 0:
-                    self.failed(col[0], next(i for i, v in enumerate(col[1]) if v < 0))
-        if not lists:
-            ints = [c for c in sizes if isinstance(c, int)]
-            if 0 in ints:
+                varying = True
+                if min(col) < 0:
+                    self.failed(next(i for i, v in enumerate(col) if v < 0))
+        if not varying:
+            if 0 in sizes:
                 return 0, sizes, strides
-            return 1 + sum((d - 1) * s for d, s in zip(ints, strides) if isinstance(s, int)), sizes, strides
-        dims = lists[0][0]
-        if any(c[0] != dims for c in lists):
-            dims = tuple(sorted({d for c in lists for d in c[0]}))
-            n = math.prod(self.shape[d] for d in dims)
-        else:
-            n = len(lists[0][1])
-        acc = [1] * n
+            return 1 + sum((d - 1) * s for d, s in zip(sizes, strides)), sizes, strides  # type: ignore[operator, misc]
+        acc: FlatColumn = 1
         empty: list[list[int]] = []
-        for d_col, s_col in zip(sizes, strides):
-            s = s_col if isinstance(s_col, int) else self.expand(s_col, dims)
-            if isinstance(d_col, int):
-                if d_col == 0:
+        for d, s in zip(sizes, strides):
+            if isinstance(d, int):
+                if d == 0:
                     return 0, sizes, strides
-                d = d_col - 1
-                acc = [a + d * s for a in acc] if isinstance(s, int) else [a + d * v for a, v in zip(acc, s)]
-                continue
-            values = self.expand(d_col, dims)
-            if 0 in values:
-                empty.append(values)
-            if isinstance(s, int):
-                acc = [a + (u - 1) * s for a, u in zip(acc, values)]
+                term: FlatColumn = (d - 1) * s if isinstance(s, int) else [(d - 1) * v for v in s]
             else:
-                acc = [a + (u - 1) * v for a, u, v in zip(acc, values, s)]
-        for values in empty:
-            acc = [0 if u == 0 else a for a, u in zip(acc, values)]
-        return (dims, acc), sizes, strides
+                if 0 in d:
+                    empty.append(d)
+                term = [(u - 1) * s for u in d] if isinstance(s, int) else [(u - 1) * v for u, v in zip(d, s)]
+            if isinstance(acc, int):
+                acc = acc + term if isinstance(term, int) else [acc + v for v in term]
+            else:
+                acc = [a + term for a in acc] if isinstance(term, int) else [a + v for a, v in zip(acc, term)]
+        assert not isinstance(acc, int)  # some size or stride varies
+        for d in empty:
+            acc = [0 if u == 0 else a for a, u in zip(acc, d)]
+        return acc, sizes, strides
 
 
 def _small(plan: KernelPlan, args: list[TensorArg | WorkspaceArg], layout: _Layout) -> Footprint:
-    grid = _PyGrid(layout.shape)
-    cols: dict[str, PyColumn] = {
-        name: values[0] if dim is None else ((dim,), list(values)) for name, (dim, values) in layout.columns.items()
-    }
+    flat = _Flat(layout)
     # Arguments with the same expressions (several buffers of one shape) are evaluated once.
-    memo: dict[object, tuple[PyColumn, list[PyColumn], list[PyColumn]]] = {}
-    per_arg: list[tuple[PyColumn, list[PyColumn], list[PyColumn]]] = []
+    memo: dict[object, tuple[FlatColumn, list[FlatColumn], list[FlatColumn]]] = {}
+    per_arg: list[tuple[FlatColumn, list[FlatColumn], list[FlatColumn]]] = []
     for arg in args:
-        info = _dtype_info(arg.dtype) if type(arg.dtype) is str else None
+        info = _dtype_info(arg.dtype) if isinstance(arg.dtype, str) else None
         if info is None:
-            grid.fail_at = 0
+            flat.fail_at = 0
             break
-        key = (arg.size, arg.stride) if type(arg) is TensorArg else arg.count  # type: ignore[union-attr]
+        key = (arg.size, arg.stride) if isinstance(arg, TensorArg) else arg.count
         hit = memo.get(key)
         if hit is None:
             try:
-                hit = memo[key] = grid.numel(arg, cols)
+                hit = memo[key] = flat.numel(arg)
             except _Fails:
-                grid.fail_at = 0
+                flat.fail_at = 0
                 break
         numel, sizes, strides = hit
         itemsize = info[1]
@@ -609,35 +544,31 @@ def _small(plan: KernelPlan, args: list[TensorArg | WorkspaceArg], layout: _Layo
         elif itemsize == 1:
             per_arg.append(hit)
         else:
-            per_arg.append(((numel[0], [v * itemsize for v in numel[1]]), sizes, strides))
-    if grid.fail_at >= 0:
-        env = layout.env_at(grid.fail_at)
+            per_arg.append(([v * itemsize for v in numel], sizes, strides))
+    if flat.fail_at >= 0:
+        env = layout.env_at(flat.fail_at)
         for arg in args:
             _arg_bytes(arg, env)  # raises this group's first failure, exactly as the plain loop would
         raise AssertionError("a failing group evaluated cleanly")  # pragma: no cover
 
+    n = flat.n
+    totals = _flat_sum([b for b, _, _ in per_arg], n)
     mutated = set(plan.mutated_arg_names)
-    n_groups = math.prod(layout.shape)
-    every = tuple(range(len(layout.shape)))
-    totals = _py_sum(grid, [b for b, _, _ in per_arg], n_groups, every)
-    if mutated:
-        clone_bytes = [b for arg, (b, _, _) in zip(args, per_arg) if arg.name in mutated]
-        peak_clone = max(0, max(_py_sum(grid, clone_bytes, n_groups, every))) if clone_bytes else 0
-    else:
-        peak_clone = 0
+    clone_bytes = [b for arg, (b, _, _) in zip(args, per_arg) if arg.name in mutated] if mutated else []
+    peak_clone = max(0, max(_flat_sum(clone_bytes, n))) if clone_bytes else 0
     synthetic = sum(totals)
     largest = totals.index(max(totals))
 
     dominant: ArgFootprint | None = None
     if args:
-        peaks = [b if type(b) is int else max(b[1]) for b, _, _ in per_arg]  # type: ignore[index]
+        peaks = [b if isinstance(b, int) else max(b) for b, _, _ in per_arg]
         peak = max(peaks)
-        best = (n_groups, len(args))
-        for i, (nbytes, _, _) in enumerate(per_arg):
-            if peaks[i] == peak:
-                at = 0 if type(nbytes) is int else grid.flat(nbytes[0], nbytes[1].index(peak))  # type: ignore[index]
-                best = min(best, (at, i))
-        at, i = best
+        at, i = n, 0
+        for j, (nbytes, _, _) in enumerate(per_arg):
+            if peaks[j] == peak:
+                first = 0 if isinstance(nbytes, int) else nbytes.index(peak)
+                if first < at:
+                    at, i = first, j
         arg = args[i]
         _, sizes, strides = per_arg[i]
         dominant = ArgFootprint(
@@ -645,34 +576,29 @@ def _small(plan: KernelPlan, args: list[TensorArg | WorkspaceArg], layout: _Layo
             arg.name,
             arg.kind,
             _canonical_dtype(arg.dtype),
-            tuple(grid.at(c, at) for c in sizes),
-            tuple(grid.at(c, at) for c in strides),
+            tuple(c if isinstance(c, int) else c[at] for c in sizes),
+            tuple(c if isinstance(c, int) else c[at] for c in strides),
             peak,
         )
     ids = layout.group_ids
     return Footprint(synthetic, peak_clone, synthetic + peak_clone, tuple(zip(ids, totals)), ids[largest], dominant)
 
 
-def _py_sum(grid: _PyGrid, columns: list[PyColumn], n_groups: int, every: tuple[int, ...]) -> list[int]:
-    """Per-group sum of ``columns``: summed first among columns over the same dimensions, then expanded."""
-    if len(columns) == 1:
-        only = columns[0]
-        return [only] * n_groups if isinstance(only, int) else grid.expand(only, every)
+def _flat_sum(columns: list[FlatColumn], n: int) -> list[int]:
+    """Per-group sum of ``columns``."""
     const = 0
-    by_dims: dict[tuple[int, ...], list[int]] = {}
+    lists: list[list[int]] = []
     for col in columns:
         if isinstance(col, int):
             const += col
-            continue
-        dims, values = col
-        acc = by_dims.get(dims)
-        by_dims[dims] = values if acc is None else [a + v for a, v in zip(acc, values)]
-    totals: list[int] | None = None
-    for dims, values in by_dims.items():
-        full = grid.expand((dims, values), every)
-        totals = full if totals is None else [a + v for a, v in zip(totals, full)]
-    if totals is None:
-        return [const] * n_groups
+        else:
+            lists.append(col)
+    if not lists:
+        return [const] * n
+    if len(lists) == 1:
+        totals = lists[0]
+    else:
+        totals = [sum(t) for t in zip(*lists)]
     return [t + const for t in totals] if const else totals
 
 

@@ -52,7 +52,7 @@ class GroupGrid(Sequence[Group]):
     when they are asked for; the footprint estimator reads the grid itself.
     """
 
-    __slots__ = ("features", "axis_names", "base_values", "_groups", "_ids")
+    __slots__ = ("features", "axis_names", "base_values", "shape", "_len", "_groups", "_ids")
 
     def __init__(
         self, features: tuple[FeatureChoices, ...], axis_names: tuple[str, ...], base_values: Mapping[str, int]
@@ -60,16 +60,14 @@ class GroupGrid(Sequence[Group]):
         self.features = features
         self.axis_names = axis_names
         self.base_values = dict(base_values)
+        #: numpy shape of the grid: the last feature first (its choice varies slowest).
+        self.shape = tuple(len(f.bucket_indices) for f in reversed(features))
+        self._len = math.prod(self.shape)
         self._groups: tuple[Group, ...] | None = None
         self._ids: tuple[int, ...] | None = None
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """numpy shape of the grid: the last feature first (its choice varies slowest)."""
-        return tuple(len(f.bucket_indices) for f in reversed(self.features))
-
     def __len__(self) -> int:
-        return math.prod(len(f.bucket_indices) for f in self.features)
+        return self._len
 
     def choices_at(self, index: int) -> tuple[int, ...]:
         """The choice of each feature (feature order) of the ``index``-th reachable group."""

@@ -211,3 +211,25 @@ def test_a_size_that_is_zero_in_some_groups_gives_zero_bytes_there(small_grid: i
         fp = estimate_footprint(plan, reps)
     assert fp == reference_footprint(plan, reps)
     assert fp.group_bytes[1] == (1, 0)  # x0 == 2
+
+
+@pytest.mark.parametrize("small_grid", [10**9, 0], ids=["lists", "numpy"])
+@pytest.mark.parametrize("top", [64, 2**62], ids=["int64", "exact"])
+def test_every_number_is_a_python_int(small_grid: int, top: int) -> None:
+    """Stored decisions are JSON and their validation wants ``int``: no numpy scalar may leak out."""
+    x0 = Axis("x0")
+    plan, reps = one_axis_plan(
+        TensorArg("t", "buffer", (x0, FloorDiv(x0, Const(2))), (Const(3), Const(1)), "torch.float16", "npu:0"),
+        WorkspaceArg("w", x0, "torch.int32", "npu:0", "NONE"),
+        n=3,
+    )
+    plan = KernelPlan((GroupFeature("a", "axis", ("x0",), (1, 2, top)),), ("x0",), (), plan.args, ("w",))
+    reps = build_representatives(plan)
+    with mock.patch.object(footprint, "_SMALL_GRID", small_grid):
+        fp = estimate_footprint(plan, reps)
+    assert fp == reference_footprint(plan, reps)
+    numbers = [fp.synthetic_bytes, fp.mutated_clone_bytes, fp.total_bytes, fp.largest_group_id]
+    numbers += [n for pair in fp.group_bytes for n in pair]
+    assert fp.dominant_arg is not None
+    numbers += [fp.dominant_arg.group_id, fp.dominant_arg.num_bytes, *fp.dominant_arg.size, *fp.dominant_arg.stride]
+    assert all(type(n) is int for n in numbers), [type(n) for n in numbers]
