@@ -272,3 +272,14 @@ def test_warm_holds_the_hooks_decision_lines(caplog: pytest.LogCaptureFixture) -
             state.log_once("test-held-2", logging.WARNING, "prescreen: decision %s", 2)
     assert [r.getMessage() for r in caplog.records if r.name == "prescreen.hooks"] == [
         "prescreen: guard not installed", "prescreen: decision 2"]
+
+
+@pytest.mark.parametrize("columns", [150, 170, 200, 250])
+def test_wider_terminals_get_the_widest_layout_that_fits(filled: Path, columns: int) -> None:
+    out = ok(invoke(filled, "inspect", env={"COLUMNS": str(columns)}))
+    assert max(len(line) for line in out.splitlines()) <= columns
+    assert len(rows(out)) == 6  # one line per entry
+    header = next(line for line in out.splitlines() if "┃" in line and "key" in line)
+    names = [c.strip() for c in header.strip("┃ ").split("┃")]
+    assert names[:3] == ["key", "kernel", "shape family"] and "why" in names
+    assert ("created" in names) == (columns >= 200)  # all eleven columns need about 190
