@@ -327,7 +327,7 @@ def warm(ctx: click.Context, target: str | None, shapes: tuple[str, ...], spec: 
     device_kind, device_memory, ratio, mode, points, inductor_config); an option given on the command line wins
     over the file, and --inductor-config items win key by key.
     """
-    from prescreen.budget import memory_override, resolve_ratio
+    from prescreen.budget import memory_override, parse_ratio, resolve_ratio
     from prescreen.target import Spec, check_mode, load_spec, merge_inductor_config, parse_shape
 
     s = _run(lambda: load_spec(spec)) if spec else Spec()
@@ -341,7 +341,10 @@ def warm(ctx: click.Context, target: str | None, shapes: tuple[str, ...], spec: 
     memory_text = device_memory if device_memory is not None else s.device_memory
     memory = (_memory_option(memory_text, "--device-memory" if device_memory is not None else f"spec {s.path!r}: "
                              "device_memory") if memory_text is not None else None)
-    ratio_value = _run(lambda: resolve_ratio(ratio if ratio is not None else s.ratio))
+    if ratio is None and s.ratio is not None:  # an error names the spec, not --ratio
+        ratio_value = _run(lambda: parse_ratio(s.ratio if s.ratio is not None else "", f"spec {s.path!r}: ratio"))
+    else:
+        ratio_value = _run(lambda: resolve_ratio(ratio))
     mode = _run(lambda: check_mode(mode or s.mode or "max-autotune"))
     points = points if points is not None else s.points
     config_items = _run(lambda: merge_inductor_config(s.inductor_config, inductor_config))

@@ -283,3 +283,12 @@ def test_wider_terminals_get_the_widest_layout_that_fits(filled: Path, columns: 
     names = [c.strip() for c in header.strip("┃ ").split("┃")]
     assert names[:3] == ["key", "kernel", "shape family"] and "why" in names
     assert ("created" in names) == (columns >= 200)  # all eleven columns need about 190
+
+
+def test_a_bad_spec_value_names_the_spec(tmp_path: Path, plans_file: Path) -> None:
+    spec = tmp_path / "w.toml"
+    spec.write_text(f'plans = "{plans_file}"\nratio = 2\ndevice_memory = "0.5"\n')
+    assert_cli_error(invoke(tmp_path / "c", "warm", "--spec", str(spec), "--device-memory", "1MiB"),
+                     "spec '" + str(spec) + "': ratio=2 is out of range")
+    assert_cli_error(invoke(tmp_path / "c", "warm", "--spec", str(spec), "--ratio", "0.5"),
+                     "spec '" + str(spec) + "': device_memory '0.5' is less than one byte")
