@@ -10,7 +10,8 @@ Per plan: torch_npu's ``build_group_representatives`` +
 against prescreen's ``build_representatives`` + ``estimate_footprint`` on the
 parsed plan; each side also with the footprint step alone (representatives
 built fresh, outside the timing, before every call). Results are checked to be
-identical. Plans: ``bench_estimate.py``'s grid (1 to 64 args, 1 to 4 features),
+identical. The two sides take turns, call after call, so that load on the
+machine weighs on both alike. Plans: ``bench_estimate.py``'s grid (1 to 64 args, 1 to 4 features),
 plans whose every tensor uses every axis ("dense"), and torch_npu's own test
 plan. Times are medians in microseconds.
 
@@ -77,28 +78,43 @@ def npu_test_plan() -> KernelPlan:
     return KernelPlan.from_payload(upstream_meta())
 
 
-def median_us(fn: Callable[[Any], object], setup: Callable[[], Any], reps: int) -> float:
-    """Median wall time of ``fn(setup())`` in microseconds, ``setup`` untimed; one warm-up; GC paused meanwhile.
+def interleaved_us(
+    calls: list[tuple[Callable[[Any], object], Callable[[], Any]]], reps: int, min_seconds: float = 0.2
+) -> list[tuple[float, Any]]:
+    """Median wall time in microseconds of each ``fn(setup())`` (``setup`` untimed, GC paused), and its last result.
 
-    A call slower than 0.5 s gets one timed repetition.
+    The calls take turns, round after round, so that load on the machine
+    weighs on all of them alike; rounds go on until each call has ``reps``
+    samples and the rounds took ``min_seconds`` (at most 2,000 rounds). A call
+    whose first run took over 0.5 s is not repeated: that run is its sample.
     """
-    arg = setup()
-    start = time.perf_counter()
-    fn(arg)
-    if time.perf_counter() - start > 0.5:
-        reps = 1
-    samples = []
+    samples: list[list[float]] = [[] for _ in calls]
+    results: list[Any] = [None] * len(calls)
+    slow = [False] * len(calls)
     gc.collect()
     gc.disable()
     try:
-        for _ in range(reps):
-            arg = setup()
-            start = time.perf_counter()
-            fn(arg)
-            samples.append((time.perf_counter() - start) * 1e6)
+        began = time.perf_counter()
+        rounds = 0
+        while rounds < 2000 and (rounds <= reps or time.perf_counter() - began < min_seconds):
+            for i, (fn, setup) in enumerate(calls):
+                if slow[i]:
+                    continue
+                arg = setup()
+                start = time.perf_counter()
+                results[i] = fn(arg)
+                took = (time.perf_counter() - start) * 1e6
+                if rounds == 0:
+                    slow[i] = took > 5e5
+                    if not slow[i]:
+                        continue  # the first round warms up
+                samples[i].append(took)
+            rounds += 1
+            if all(slow):
+                break
     finally:
         gc.enable()
-    return statistics.median(samples)
+    return [(statistics.median(t), r) for t, r in zip(samples, results)]
 
 
 def nothing() -> None:
@@ -173,11 +189,9 @@ def main() -> int:
         def our_both(_: None) -> Footprint:
             return our_fp(our_reps())
 
-        up_all = median_us(up_both, nothing, opts.reps)
-        our_all = median_us(our_both, nothing, opts.reps)
-        up_only = median_us(up_fp, up_reps, opts.reps)
-        our_only = median_us(our_fp, our_reps, opts.reps)
-        ok = same(our_fp(build_representatives(plan)), up_fp(up_reps()))
+        (up_all, up_result), (our_all, our_result) = interleaved_us([(up_both, nothing), (our_both, nothing)], opts.reps)
+        (up_only, _), (our_only, _) = interleaved_us([(up_fp, up_reps), (our_fp, our_reps)], opts.reps)
+        ok = same(our_result, up_result)
         all_same &= ok
         groups = len(build_representatives(plan).groups)
         ratio = up_all / our_all
