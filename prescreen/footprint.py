@@ -521,22 +521,25 @@ class _Flat:
 
 def _small(plan: KernelPlan, args: list[TensorArg | WorkspaceArg], layout: _Layout) -> Footprint:
     flat = _Flat(layout)
-    # Arguments with the same expressions (several buffers of one shape) are evaluated once.
-    memo: dict[object, tuple[FlatColumn, list[FlatColumn], list[FlatColumn]]] = {}
+    # Arguments with the same expressions (several buffers of one shape) are evaluated once; hashing
+    # and comparing expressions costs about as much as evaluating them, so only beyond two arguments.
+    memo: dict[object, tuple[FlatColumn, list[FlatColumn], list[FlatColumn]]] | None = {} if len(args) > 2 else None
     per_arg: list[tuple[FlatColumn, list[FlatColumn], list[FlatColumn]]] = []
     for arg in args:
         info = _dtype_info(arg.dtype) if isinstance(arg.dtype, str) else None
         if info is None:
             flat.fail_at = 0
             break
-        key = (arg.size, arg.stride) if isinstance(arg, TensorArg) else arg.count
-        hit = memo.get(key)
+        key = ((arg.size, arg.stride) if isinstance(arg, TensorArg) else arg.count) if memo is not None else None
+        hit = memo.get(key) if memo is not None else None
         if hit is None:
             try:
-                hit = memo[key] = flat.numel(arg)
+                hit = flat.numel(arg)
             except _Fails:
                 flat.fail_at = 0
                 break
+            if memo is not None:
+                memo[key] = hit
         numel, sizes, strides = hit
         itemsize = info[1]
         if isinstance(numel, int):
@@ -552,19 +555,21 @@ def _small(plan: KernelPlan, args: list[TensorArg | WorkspaceArg], layout: _Layo
         raise AssertionError("a failing group evaluated cleanly")  # pragma: no cover
 
     n = flat.n
-    totals = _flat_sum([b for b, _, _ in per_arg], n)
+    arg_bytes = [b for b, _, _ in per_arg]
+    totals = _flat_sum(arg_bytes, n)
     mutated = set(plan.mutated_arg_names)
-    clone_bytes = [b for arg, (b, _, _) in zip(args, per_arg) if arg.name in mutated] if mutated else []
+    clone_bytes = [b for arg, b in zip(args, arg_bytes) if arg.name in mutated] if mutated else []
     peak_clone = max(0, max(_flat_sum(clone_bytes, n))) if clone_bytes else 0
     synthetic = sum(totals)
-    largest = totals.index(max(totals))
+    top = max(totals)
+    largest = totals.index(top)
 
     dominant: ArgFootprint | None = None
     if args:
-        peaks = [b if isinstance(b, int) else max(b) for b, _, _ in per_arg]
+        peaks = [b if isinstance(b, int) else max(b) for b in arg_bytes]
         peak = max(peaks)
         at, i = n, 0
-        for j, (nbytes, _, _) in enumerate(per_arg):
+        for j, nbytes in enumerate(arg_bytes):
             if peaks[j] == peak:
                 first = 0 if isinstance(nbytes, int) else nbytes.index(peak)
                 if first < at:
@@ -576,8 +581,8 @@ def _small(plan: KernelPlan, args: list[TensorArg | WorkspaceArg], layout: _Layo
             arg.name,
             arg.kind,
             _canonical_dtype(arg.dtype),
-            tuple(c if isinstance(c, int) else c[at] for c in sizes),
-            tuple(c if isinstance(c, int) else c[at] for c in strides),
+            tuple([c if isinstance(c, int) else c[at] for c in sizes]),
+            tuple([c if isinstance(c, int) else c[at] for c in strides]),
             peak,
         )
     ids = layout.group_ids

@@ -59,7 +59,7 @@ class GroupGrid(Sequence[Group]):
     ) -> None:
         self.features = features
         self.axis_names = axis_names
-        self.base_values = dict(base_values)
+        self.base_values = base_values if isinstance(base_values, dict) else dict(base_values)
         #: numpy shape of the grid: the last feature first (its choice varies slowest).
         self.shape = tuple(len(f.bucket_indices) for f in reversed(features))
         self._len = math.prod(self.shape)
@@ -316,28 +316,26 @@ def build_representatives(plan: KernelPlan) -> Representatives:
             seen.add(axis)
     statics = dict(plan.axis_static_values)
     choices: list[FeatureChoices] = []
+    count = 1
     for feature in features:
         radix = len(feature.buckets) + 1
-        picks: list[tuple[int, tuple[int, tuple[tuple[str, int], ...]]]] = []
+        count *= radix
+        indices: list[int] = []
+        values: list[int] = []
+        axes: list[tuple[tuple[str, int], ...]] = []
         for idx in range(radix):
             try:
                 rep = _feature_representative(feature, idx, statics)
             except NotBounded:
                 return _per_group(plan, statics)
             if rep is not None:
-                picks.append((idx, rep))
-        choices.append(
-            FeatureChoices(
-                radix,
-                tuple(i for i, _ in picks),
-                tuple(v for _, (v, _) in picks),
-                tuple(a for _, (_, a) in picks),
-            )
-        )
+                indices.append(idx)
+                values.append(rep[0])
+                axes.append(rep[1])
+        choices.append(FeatureChoices(radix, tuple(indices), tuple(values), tuple(axes)))
     grid = GroupGrid(tuple(choices), plan.axis_names, {a: int(statics.get(a, 1)) for a in plan.axis_names})
     if len(grid) == 0:
         raise NotBounded(Reason.UNSUPPORTED_GROUPING, "grouped plan has no reachable groups")
-    count = math.prod(f.radix for f in choices)
     unreachable: tuple[int, ...] = ()
     if len(grid) != count:
         reachable = set(grid.group_ids())
