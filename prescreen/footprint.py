@@ -175,11 +175,12 @@ def reference_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
 # every group), so an argument's bytes depend only on the features its axes
 # belong to. Each expression is evaluated once over those features' choices,
 # as a numpy array shaped like the group grid with length 1 along every other
-# feature; numpy broadcasting then gives per-group totals, and a sum over the
-# grid is an array's sum times the number of groups it is repeated over.
-# Python ints stay exact: values are int64 only when an upper bound of every
-# intermediate value, and of the sum over all groups, fits; otherwise the same
-# code runs on arrays of Python ints (dtype=object).
+# feature; numpy broadcasting then adds the arguments up into per-group totals.
+# Where some group fails (a zero denominator, a negative size), the first such
+# group in group order is evaluated again the plain way, which raises exactly
+# the plain loop's error. Numbers stay exact: int64 is used only when an upper
+# bound of every intermediate value, and of the sum over all groups, fits;
+# otherwise the same code runs on arrays of Python ints (dtype=object).
 
 _INT64_LIMIT = 2**62
 #: Grids of at most this many groups are evaluated on Python lists, larger ones with numpy.
