@@ -62,10 +62,10 @@ def plans(draw: st.DrawFn) -> KernelPlan:
     for i in range(draw(st.integers(0, 3))):
         source = draw(st.sampled_from(["primary_axis", "axis", "outer_product", "reduction_product"]))
         if source in ("primary_axis", "axis"):
-            axes: tuple[str, ...] = (symbolic.pop(),) if symbolic and draw(st.integers(0, 5)) else ()
+            axes: tuple[str, ...] = (symbolic.pop(),) if symbolic and draw(st.integers(0, 5)) > 0 else ()
         else:
             axes = tuple(a for a in ("s0", "s1") if draw(st.booleans()))
-            if symbolic and draw(st.booleans()):
+            if symbolic and draw(st.booleans()) is True:
                 axes = (symbolic.pop(), *axes)
         steps = draw(st.lists(st.integers(1, 8), min_size=1, max_size=4))
         buckets = tuple(sum(steps[: j + 1]) for j in range(len(steps)))
