@@ -6,6 +6,7 @@ import logging
 import multiprocessing
 import os
 import sqlite3
+import stat
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -18,7 +19,6 @@ from prescreen.decision import decide
 from prescreen.plan import KernelPlan
 from prescreen.service import lookup_or_decide
 from prescreen.store import DiskStore
-from prescreen.store import disk as disk_module
 from prescreen.store.entry import Entry
 from prescreen.store.recovery import LOCK_NAME, recovery_lock
 
@@ -53,6 +53,11 @@ def lookups_are_correct(store: DiskStore, seeds: range) -> None:
     for seed in seeds:
         plan = plan_of(seed)
         assert lookup_or_decide(plan, BUDGET, store).decision == decide(plan, BUDGET)
+
+
+def moved_aside(directory: Path) -> list[Path]:
+    """The corrupt databases recovery moved aside (and salvaged), without their -wal/-shm companions."""
+    return [p for p in directory.glob("cache.db.salvaged-*") if not p.name.endswith(("-wal", "-shm"))]
 
 
 def run_guarded(fn: Callable[[], object]) -> object:
@@ -92,7 +97,7 @@ def test_corrupt_database_is_moved_aside_and_file_entries_restored(tmp_path: Pat
         lookups_are_correct(store, range(6))
     messages = warnings_of(caplog)
     assert len(messages) == 1 and "corrupt" in messages[0] and "restored 3 valid entries" in messages[0]
-    assert len(list(directory.glob("cache.db.corrupt-*"))) == 1
+    assert len(moved_aside(directory)) == 1
     assert store.stats().healthy and "recovered 3 entries" in store.stats().detail
     assert (directory / "notes.txt").read_text() == "not ours"
     with DiskStore(neighbour) as other:
@@ -140,34 +145,39 @@ def test_concurrent_recovery_keeps_every_process_entry(tmp_path: Path, round_: i
     assert [p.exitcode for p in procs] == [0] * 4
     with DiskStore(directory) as store:
         assert correct_or_miss(store, range(100, 104)) == 4  # no process moved a fresh database aside
-    assert len(list(directory.glob("cache.db.corrupt-*"))) == 1
+    assert len(moved_aside(directory)) == 1
 
 
-def test_open_waits_for_another_process_recovery(tmp_path: Path) -> None:
+def test_open_waits_for_a_short_recovery(tmp_path: Path) -> None:
     directory = tmp_path / "cache"
     fill(directory, range(2))
     opened = threading.Event()
 
     def open_store() -> None:
-        DiskStore(directory).close()
+        DiskStore(directory, timeout=HANG_GUARD_S).close()  # a timeout longer than the recovery below
         opened.set()
 
     with recovery_lock(directory):  # as a recovering process holds it
         thread = threading.Thread(target=open_store, daemon=True)
         thread.start()
-        assert not opened.wait(0.5)
+        assert not opened.wait(0.3)
     assert opened.wait(HANG_GUARD_S)
     thread.join()
 
 
-def test_open_goes_on_without_a_lock_held_too_long(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_held_recovery_lock_delays_opens_and_writes_by_the_timeout_only(tmp_path: Path, caplog) -> None:
+    # Before: every open waited timeout + 10 s, silently, for a lock any user could hold (the file was 0644).
     directory = tmp_path / "cache"
     fill(directory, range(2))
-    monkeypatch.setattr(disk_module, "RECOVERY_WAIT", 0.0)
-    with recovery_lock(directory):
+    with recovery_lock(directory), caplog.at_level(logging.WARNING, logger="prescreen.store"):
         store = run_guarded(lambda: DiskStore(directory, timeout=0.1))
+        assert isinstance(store, DiskStore)
         assert correct_or_miss(store, range(2)) == 2
+        assert run_guarded(lambda: store.put(entry_of(7))) is False  # not acknowledged: it did not happen
+        messages = warnings_of(caplog)
         store.close()
+    assert len(messages) == 1 and "recovery.lock is held by another process" in messages[0], messages
+    assert stat.S_IMODE((directory / LOCK_NAME).stat().st_mode) == 0o600
 
 
 def test_exclusive_lock_times_out_with_a_clear_error(tmp_path: Path) -> None:

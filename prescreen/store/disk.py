@@ -23,6 +23,8 @@ warning, every lookup a miss, ``stats`` unhealthy, so the CLI exits 2.
 from __future__ import annotations
 
 import collections
+import contextlib
+import fcntl
 import math
 import os
 import tempfile
@@ -31,7 +33,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import IO, TypeVar
 
 from diskcache.core import DBNAME
 
@@ -41,15 +43,24 @@ from prescreen.store.base import Store, StoreStats, log
 from prescreen.store.entry import Entry
 from prescreen.store.faults import Fault, classify
 from prescreen.store.readonly import ReadOnlyCache
-from prescreen.store.recovery import LOCK_NAME, quarantine, recovery_lock, salvage
+from prescreen.store.recovery import (
+    LOCK_NAME,
+    flock_within,
+    needs_salvage,
+    open_lock_file,
+    quarantine,
+    recovery_lock,
+    salvage,
+)
 from prescreen.store.secure import (
     InsecureDirectory,
     check_directory,
     check_owned_file,
     create_private_file,
     private_directory,
+    value_file,
 )
-from prescreen.store.textdisk import FastOpenCache, TextDisk
+from prescreen.store.textdisk import FastOpenCache, Missing, TextDisk
 
 CACHE_DIR_ENV = "PRESCREEN_CACHE_DIR"
 SIZE_LIMIT_ENV = "PRESCREEN_CACHE_SIZE_LIMIT"
@@ -58,8 +69,10 @@ DEFAULT_TIMEOUT = 0.5
 DEFAULT_COOLDOWN = 30.0
 HITS_PREFIX = "hits:"
 HIT_FLUSH_SECONDS = 2.0
+MOVE_CHECK_SECONDS = 1.0  # how often a reader checks that cache.db is still the file it opened
+KEY_ROWS = "SELECT key, filename FROM Cache WHERE raw = 1"
 MAX_HITS = 2**62  # counters saturate here, far inside SQLite's 64-bit integers
-RECOVERY_WAIT = 10.0  # how long an opener waits for another process's recovery
+RECOVERY_WAIT = 10.0  # how long a recovering process waits for another one's recovery (openers: ``timeout``)
 
 
 class _HitBuffer:
@@ -131,6 +144,14 @@ def hit_count(value: object) -> int | None:
     return value if type(value) is int and 0 <= value < MAX_HITS else None
 
 
+def _file_id(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _is_entry_key(key: object) -> bool:
     return isinstance(key, str) and not key.startswith(HITS_PREFIX)
 
@@ -184,6 +205,9 @@ class DiskStore(Store):
         self._writes_paused_until = 0.0
         self._healthy = False
         self._lock = threading.RLock()
+        self._lock_file: IO[str] | None = None
+        self._db_id: tuple[int, int] | None = None
+        self._moves_checked_at = time.monotonic()
         weakref.finalize(self, self._hits.final_flush)  # on collection, or at exit if still alive
         self._open()
 
@@ -216,10 +240,18 @@ class DiskStore(Store):
         except OSError:
             pass  # cannot be created or checked: opening fails below and says why
         try:
-            create_private_file(self.directory / DBNAME)  # SQLite gives -wal/-shm the database's mode
-            with recovery_lock(self.directory, shared=True, wait=self.timeout + RECOVERY_WAIT):
-                self._cache = self._new_cache()
-            self._healthy = True
+            with recovery_lock(self.directory, shared=True, wait=self.timeout) as held:
+                if held is False:
+                    self.warn_once(
+                        "recovery.lock is held by another process",
+                        f"waited {self.timeout:g} s for its recovery to finish; opening without it",
+                    )
+                create_private_file(self.directory / DBNAME)  # SQLite gives -wal/-shm the database's mode
+                cache = self._new_cache()
+                identity = _file_id(self.directory / DBNAME)
+            self._cache, self._db_id, self._healthy = cache, identity, True
+            if needs_salvage(self.directory):
+                self._resume()
             return
         except Exception as exc:  # every open failure degrades the same way
             fault, error = classify(exc), exc
@@ -237,18 +269,33 @@ class DiskStore(Store):
         self.warn_once(fault.value, f"{error}; the store is off for {self.cooldown:g} s")
         self._open_again_at = time.monotonic() + self.cooldown
 
+    def _resume(self) -> None:
+        """Finish a recovery another process started and did not finish (it was killed), if nobody is on it."""
+        try:
+            with recovery_lock(self.directory, wait=0.0):
+                assert self._cache is not None
+                restored = salvage(self._cache, self.directory, self.signer)
+        except Exception:  # held: the recovering process finishes it; else the next open tries again
+            return
+        log.info("prescreen disk store at %s: finished an interrupted recovery (%d entries restored)",
+                 self.location, restored)
+
     def _recover(self, error: BaseException) -> bool:
         """Move a corrupt ``cache.db`` aside, open a fresh one and restore what is valid."""
         try:
-            with recovery_lock(self.directory):
+            with recovery_lock(self.directory, wait=max(self.timeout, RECOVERY_WAIT)):
                 moved = quarantine(self.directory, self.timeout)
+                create_private_file(self.directory / DBNAME)
                 cache = self._new_cache()
-                restored = salvage(cache, self.directory, moved, self.signer)
+                identity = _file_id(self.directory / DBNAME)
+                restored = salvage(cache, self.directory, self.signer)
         except Exception as exc:
             self.warn_once(Fault.CORRUPT.value, f"{error}; recovery failed: {exc}")
             return False
-        self._cache, self._healthy = cache, True
+        self._cache, self._db_id, self._healthy = cache, identity, True
         if moved is not None:
+            if not moved.exists():  # salvaged: renamed so that no later open salvages it again
+                moved = moved.with_name(moved.name.replace(".corrupt-", ".salvaged-"))
             self.recovered = (moved.name, restored)
             self.warn_once(
                 Fault.CORRUPT.value,
@@ -287,18 +334,71 @@ class DiskStore(Store):
             return self._cache
         return self._reader
 
+    def _follow_moves(self, write: bool) -> None:
+        """Reopen when ``cache.db`` is no longer the file this store opened (another process moved it aside).
+
+        Checked before every write (under the shared lock, so no recovery can
+        move it between the check and the write: an acknowledged put is in the
+        live database) and at most every ``MOVE_CHECK_SECONDS`` before a read.
+        """
+        if self._cache is None:
+            return
+        now = time.monotonic()
+        if not write and now - self._moves_checked_at < MOVE_CHECK_SECONDS:
+            return
+        self._moves_checked_at = now
+        if _file_id(self.directory / DBNAME) != self._db_id:
+            with self._lock:
+                self._close_handles()
+                self._open()
+
     def _run(self, write: bool, op: Callable[[FastOpenCache | ReadOnlyCache], T], default: T) -> T:
-        handle = self._handle(write)
-        if handle is None:
+        if not write:
+            self._follow_moves(False)
+            handle = self._handle(False)
+            if handle is None:
+                return default
+            try:
+                return op(handle)
+            except Exception as exc:  # a store fault is never the compile's problem
+                self._fault(exc, False)
+                return default
+        failure: Exception | None = None
+        with self._lock:  # one writer per store at a time: the flock below belongs to the store's lock file
+            if self._handle(True) is not None and not self._hold_shared():
+                self.warn_once(
+                    "recovery.lock is held by another process", f"a write waited {self.timeout:g} s and was skipped"
+                )
+                return default
+            try:
+                self._follow_moves(True)
+                handle = self._handle(True)
+                if handle is None:
+                    return default
+                result = op(handle)
+            except Exception as exc:  # a store fault is never the compile's problem
+                failure = exc
+            finally:
+                self._release_shared()
+        if failure is not None:
+            self._fault(failure, True)
             return default
-        try:
-            result = op(handle)
-        except Exception as exc:  # a store fault is never the compile's problem
-            self._fault(exc, write)
-            return default
-        if write:
-            self._healthy = True
+        self._healthy = True
         return result
+
+    def _hold_shared(self) -> bool:
+        """Take ``recovery.lock`` shared on the store's own handle, waiting at most ``timeout``."""
+        try:
+            if self._lock_file is None:
+                self._lock_file = open_lock_file(self.directory)
+            return flock_within(self._lock_file, fcntl.LOCK_SH, self.timeout)
+        except OSError:  # no lock file can be made (read-only directory): writes fail on their own
+            return True
+
+    def _release_shared(self) -> None:
+        if self._lock_file is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._lock_file, fcntl.LOCK_UN)
 
     # -- decoding -----------------------------------------------------------
 
@@ -314,8 +414,29 @@ class DiskStore(Store):
 
     # -- the Store interface ----------------------------------------------------
 
+    def _read(self, key: str) -> object:
+        raw = self._run(False, lambda c: c.get(key), None)
+        if isinstance(raw, Missing):
+            self._drop_missing(key, raw.filename)
+        return raw
+
+    def _drop_missing(self, key: str, filename: str) -> None:
+        """Delete ``key``'s row if it still names ``filename`` and that file is still gone (a killed delete)."""
+        path = value_file(str(self.directory), filename)
+
+        def drop(cache: FastOpenCache | ReadOnlyCache) -> None:
+            assert isinstance(cache, FastOpenCache)
+            with cache.transact():
+                row = cache._sql("SELECT filename FROM Cache WHERE key = ? AND raw = 1", (key,)).fetchone()
+                if row is not None and row[0] == filename and path is not None and not os.path.exists(path):
+                    cache.delete(key)
+                    cache.delete(HITS_PREFIX + key)
+
+        if self._cache is not None:
+            self._run(True, drop, None)
+
     def get(self, key: str) -> Entry | None:
-        entry = self._decode(key, self._run(False, lambda c: c.get(key), None))
+        entry = self._decode(key, self._read(key))
         if entry is None:
             self.misses += 1
             return None
@@ -366,13 +487,39 @@ class DiskStore(Store):
         return self._run(True, add, False)
 
     def keys(self) -> list[str]:
-        """Every entry key stored (valid or not)."""
-        return self._run(False, lambda c: [k for k in c.iterkeys() if _is_entry_key(k)], [])
+        """Every entry key stored (valid or not), except rows whose value file is gone."""
+        return self._key_rows()[0]
+
+    def _key_rows(self) -> tuple[list[str], list[tuple[str, str]]]:
+        """(keys of the stored entries, (key, file) of the rows whose value file is gone)."""
+
+        def read(cache: FastOpenCache | ReadOnlyCache) -> tuple[list[str], list[tuple[str, str]]]:
+            rows = cache.key_rows() if isinstance(cache, ReadOnlyCache) else cache._sql(KEY_ROWS).fetchall()
+            live: list[str] = []
+            missing: list[tuple[str, str]] = []
+            for key, filename in rows:
+                if _is_entry_key(key):
+                    if self._file_present(filename):
+                        live.append(key)
+                    else:
+                        missing.append((key, filename))
+            return live, missing
+
+        return self._run(False, read, ([], []))
+
+    def _file_present(self, filename: object) -> bool:
+        if filename is None:
+            return True
+        path = value_file(str(self.directory), filename)
+        return path is None or os.path.exists(path)  # a bad name is an invalid entry, still stored
 
     def entries(self) -> Iterator[Entry]:
         self.flush_hits()
-        for key in self.keys():
-            entry = self._decode(key, self._run(False, lambda c, k=key: c.get(k), None))
+        live, missing = self._key_rows()
+        for key, filename in missing:
+            self._drop_missing(key, filename)
+        for key in live:
+            entry = self._decode(key, self._read(key))
             if entry is not None:
                 yield entry.with_hits(self._stored_hits(key))
 
@@ -380,10 +527,9 @@ class DiskStore(Store):
         def remove(cache: FastOpenCache | ReadOnlyCache) -> int:
             assert isinstance(cache, FastOpenCache)
             removed = 0
-            with cache.transact():
-                for key in keys:
-                    removed += bool(cache.delete(key))
-                    cache.delete(HITS_PREFIX + key)
+            for key in keys:  # one transaction each: diskcache removes a value file only after its commit
+                removed += bool(cache.delete(key))
+                cache.delete(HITS_PREFIX + key)
             return removed
 
         return self._run(True, remove, 0)
@@ -427,4 +573,7 @@ class DiskStore(Store):
         self.flush_hits()
         with self._lock:
             self._close_handles()
+            if self._lock_file is not None:
+                self._lock_file.close()
+                self._lock_file = None
             self._open_again_at = math.inf

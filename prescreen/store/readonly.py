@@ -68,6 +68,11 @@ class ReadOnlyCache:
         for (key,) in rows:
             yield key
 
+    def key_rows(self) -> list[tuple[object, object]]:
+        """(key, value file name) of every text-keyed row."""
+        with self._lock:
+            return list(self.con.execute("SELECT key, filename FROM Cache WHERE raw = 1 ORDER BY rowid").fetchall())
+
     def volume(self) -> int:
         return sum(p.stat().st_size for p in self.directory.rglob("*") if p.is_file())
 

@@ -2,13 +2,17 @@
 
 Under an exclusive ``flock`` on ``recovery.lock`` (so that several processes
 finding the same corrupt file do not move each other's fresh database aside,
-and none is opening the files being moved: openers hold the lock shared),
-the file is checked again; if it is still corrupt, ``cache.db`` and its
-``-wal``/``-shm`` companions are renamed to ``cache.db.corrupt-<time>-<pid>``.
-The caller then opens a fresh cache and calls ``salvage``: rows still readable
-from the moved-aside database, and the ``.val`` text files in the directory
-(large entries; each names its own key), are validated as entries and added
-back. Nothing is deleted except ``.val`` files whose entry was re-added.
+none is opening the files being moved, and none is half-way through a write:
+openers and writers hold the lock shared), the file is checked again; if it
+is still corrupt, its ``-wal``/``-shm`` companions and then ``cache.db`` are
+renamed to ``cache.db.corrupt-<time>-<pid>`` (``-wal``/``-shm``), the name
+first written to ``recovery.pending``. The caller opens a fresh cache and
+calls ``salvage``: every row still readable from each moved-aside database,
+read one rowid at a time, and every ``.val`` text file no row refers to
+(large entries; each names its own key), are validated and added back; the
+database is renamed ``cache.db.salvaged-...`` and orphaned ``.val`` files are
+deleted; ``recovery.pending`` goes last. A recovery killed at any point leaves
+``recovery.pending``, and the next open finishes it (salvage is idempotent).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -26,16 +31,19 @@ import diskcache
 from diskcache.core import DBNAME
 
 from prescreen.store.entry import Entry, InvalidEntry
-from prescreen.store.secure import value_file
+from prescreen.store.secure import create_private_file, value_file
 from prescreen.store.signing import Signer
 from prescreen.store.textdisk import TextDisk, read_value_file
 
 LOCK_NAME = "recovery.lock"
+PENDING_NAME = "recovery.pending"
+MOVED_PREFIX = DBNAME + ".corrupt-"
 LOCK_WAIT = 30.0
-_COMPANIONS = ("", "-wal", "-shm")
+_SUFFIX = re.compile(r"[0-9]+-[0-9]+")
+_ROWID_GAP = 10_000  # without max(rowid), keep trying this many rowids past the last one found
 
 
-def _flock_within(handle: IO[str], mode: int, wait: float) -> bool:
+def flock_within(handle: IO[str], mode: int, wait: float) -> bool:
     """Take ``flock(mode)`` on ``handle``, polling for at most ``wait`` seconds; True when taken."""
     deadline = time.monotonic() + wait
     while True:
@@ -49,8 +57,11 @@ def _flock_within(handle: IO[str], mode: int, wait: float) -> bool:
 
 
 @contextlib.contextmanager
-def recovery_lock(directory: Path, *, shared: bool = False, wait: float = LOCK_WAIT) -> Iterator[None]:
+def recovery_lock(directory: Path, *, shared: bool = False, wait: float = LOCK_WAIT) -> Iterator[bool | None]:
     """Hold ``recovery.lock``: exclusive while recovering, shared while opening.
+
+    Yields True when held, False when another process held it for over
+    ``wait`` seconds, None when there is no lock file to hold.
 
     Opening under the shared lock means no process is half-way through
     opening ``cache.db`` (database file opened, ``-wal``/``-shm`` not yet)
@@ -60,23 +71,28 @@ def recovery_lock(directory: Path, *, shared: bool = False, wait: float = LOCK_W
     raises instead.
     """
     try:
-        fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        handle = os.fdopen(fd, "r+")
+        handle = open_lock_file(directory)
     except OSError:
         if not shared:
             raise
-        yield
+        yield None
         return
     with handle:
-        if not _flock_within(handle, fcntl.LOCK_SH if shared else fcntl.LOCK_EX, wait):
+        if not flock_within(handle, fcntl.LOCK_SH if shared else fcntl.LOCK_EX, wait):
             if not shared:
                 raise TimeoutError(f"{directory / LOCK_NAME} held for over {wait:g} s")
-            yield
+            yield False
             return
         try:
-            yield
+            yield True
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def open_lock_file(directory: Path) -> IO[str]:
+    """``recovery.lock``, created 0600 (nobody else can open it to hold it), never through a symlink."""
+    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    return os.fdopen(fd, "r+")
 
 
 def is_corrupt(db: Path, timeout: float) -> bool:
@@ -89,7 +105,7 @@ def is_corrupt(db: Path, timeout: float) -> bool:
         return False
     try:
         (result,) = con.execute("PRAGMA quick_check(1)").fetchone()
-        return result != "ok"
+        return bool(result != "ok")
     except sqlite3.OperationalError as exc:
         return "malformed" in str(exc) or "not a database" in str(exc)
     except sqlite3.DatabaseError:
@@ -98,51 +114,88 @@ def is_corrupt(db: Path, timeout: float) -> bool:
         con.close()
 
 
+def _pending_suffix(directory: Path) -> str | None:
+    try:
+        text = (directory / PENDING_NAME).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if _SUFFIX.fullmatch(text) else None
+
+
+def _mark_pending(directory: Path, suffix: str) -> None:
+    tmp = directory / f".{PENDING_NAME}.{os.getpid()}"
+    create_private_file(tmp)
+    tmp.write_text(suffix, encoding="ascii")
+    os.replace(tmp, directory / PENDING_NAME)
+
+
 def quarantine(directory: Path, timeout: float) -> Path | None:
-    """Move a still-corrupt ``cache.db`` aside; returns its new path, or None if it was healthy (again)."""
+    """Move a still-corrupt ``cache.db`` aside (companions first, then the database); None if it is healthy.
+
+    The suffix is written to ``recovery.pending`` before anything moves, so a
+    recovery killed half-way is finished, under the same name, by the next one.
+    """
     db = directory / DBNAME
     if not is_corrupt(db, timeout):
         return None
-    suffix = f".corrupt-{int(time.time())}-{os.getpid()}"
-    for companion in _COMPANIONS:
+    suffix = _pending_suffix(directory) or f"{int(time.time())}-{os.getpid()}"
+    _mark_pending(directory, suffix)
+    moved = directory / (MOVED_PREFIX + suffix)
+    for companion in ("-wal", "-shm", ""):  # the database last: until it moves, the next open finds it corrupt
         path = directory / (DBNAME + companion)
         if path.exists():
-            os.replace(path, directory / (DBNAME + companion + suffix))
-    return directory / (DBNAME + suffix)
+            os.replace(path, directory / (moved.name + companion))
+    return moved
+
+
+def _readable_rowids(con: sqlite3.Connection) -> Iterator[int]:
+    """Every rowid worth trying, in order: the next one SQLite can find, or, past a page it cannot read,
+    the next integers, one by one, until it finds rows again (or ``_ROWID_GAP`` in a row failed)."""
+    last, failures = 0, 0
+    while failures <= _ROWID_GAP:
+        try:
+            row = con.execute("SELECT rowid FROM Cache WHERE rowid > ? ORDER BY rowid LIMIT 1", (last,)).fetchone()
+        except sqlite3.Error:
+            last, failures = last + 1, failures + 1
+            yield last
+            continue
+        if row is None:
+            return
+        last, failures = int(row[0]), 0
+        yield last
 
 
 def _rows(moved: Path, disk: TextDisk) -> Iterator[tuple[str, str | None]]:
-    """(text, value file) of each row still readable from the moved-aside database, until it breaks."""
+    """(text, value file) of every row still readable from the moved-aside database, row by row.
+
+    Each row is read on its own by rowid, so a damaged page loses only the rows on it.
+    """
     try:
         con = sqlite3.connect(moved.resolve().as_uri() + "?mode=ro", uri=True)
     except sqlite3.Error:
         return
     try:
-        last = 0
-        while True:
-            row = con.execute(
-                "SELECT rowid, mode, filename, value FROM Cache WHERE raw = 1 AND rowid > ? ORDER BY rowid LIMIT 1",
-                (last,),
-            ).fetchone()
-            if row is None:
-                return
-            last, mode, filename, value = row
+        for rowid in _readable_rowids(con):
             try:
-                text = disk.fetch(mode, filename, value, False)
-            except OSError:
+                row = con.execute(
+                    "SELECT mode, filename, value FROM Cache WHERE rowid = ? AND raw = 1", (rowid,)
+                ).fetchone()
+            except sqlite3.Error:
                 continue
+            if row is None:
+                continue
+            mode, filename, value = row
+            text = disk.fetch(mode, filename, value, False)
             if isinstance(text, str):
-                yield text, filename
-    except sqlite3.Error:
-        return
+                yield text, filename if isinstance(filename, str) else None
     finally:
         con.close()
 
 
 def _value_files(directory: Path) -> Iterator[Path]:
     for sub in sorted(directory.iterdir()):
-        if sub.is_dir() and len(sub.name) == 2:
-            yield from sorted(sub.rglob("*.val"))
+        if sub.is_dir() and not sub.is_symlink() and len(sub.name) == 2:
+            yield from sorted(sub.glob("*/*.val"))
 
 
 def _restore(cache: diskcache.Cache, text: str, signer: Signer | None) -> bool | None:
@@ -154,24 +207,47 @@ def _restore(cache: diskcache.Cache, text: str, signer: Signer | None) -> bool |
     return bool(cache.add(entry.key, text))
 
 
-def salvage(cache: diskcache.Cache, directory: Path, moved: Path | None, signer: Signer | None = None) -> int:
-    """Re-add the valid entries of a moved-aside database and of orphaned ``.val`` files; returns how many."""
+def _referenced(cache: diskcache.Cache) -> set[str]:
+    return {name for (name,) in cache._sql("SELECT filename FROM Cache WHERE filename IS NOT NULL").fetchall()}
+
+
+def salvage(cache: diskcache.Cache, directory: Path, signer: Signer | None = None) -> int:
+    """Finish every recovery in ``directory``: re-add the valid entries of each moved-aside database and of
+    each ``.val`` file no row refers to, then mark the databases done and delete the orphans; returns how many.
+
+    Idempotent (``add`` keeps an entry already there; a database is renamed ``.salvaged-`` only after all its
+    rows were tried), so a run killed at any point is finished by the next. Call it under the exclusive lock:
+    the orphan sweep relies on no writer being half-way through a put.
+    """
     disk = TextDisk(str(directory))
     restored = 0
-    for text, filename in _rows(moved, disk) if moved is not None else ():
-        outcome = _restore(cache, text, signer)
-        restored += outcome is True
-        full = value_file(str(directory), filename)
-        if outcome is not None and full is not None:  # only the moved-aside database referred to this file
-            with contextlib.suppress(OSError):
-                os.unlink(full)
-    for path in _value_files(directory):
+    for moved in sorted(directory.glob(MOVED_PREFIX + "*")):
+        if not _SUFFIX.fullmatch(moved.name[len(MOVED_PREFIX) :]):
+            continue  # a -wal/-shm companion
+        for text, _filename in _rows(moved, disk):
+            restored += _restore(cache, text, signer) is True
+        done = MOVED_PREFIX.replace(".corrupt-", ".salvaged-") + moved.name[len(MOVED_PREFIX) :]
+        for companion in ("-wal", "-shm", ""):
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(directory / (moved.name + companion), directory / (done + companion))
+    referenced = _referenced(cache)
+    for path in list(_value_files(directory)):  # listed first: a restore writes files of its own
+        name = str(path.relative_to(directory))
+        if name in referenced or value_file(str(directory), name) is None:
+            continue
         try:
             found = read_value_file(str(path))
         except OSError:
             continue
-        if isinstance(found, str) and _restore(cache, found, signer):
-            restored += 1
-            with contextlib.suppress(OSError):
-                path.unlink()
+        if isinstance(found, str):
+            restored += _restore(cache, found, signer) is True  # re-added under a file of its own
+        with contextlib.suppress(OSError):
+            path.unlink()
+    with contextlib.suppress(FileNotFoundError):
+        (directory / PENDING_NAME).unlink()
     return restored
+
+
+def needs_salvage(directory: Path) -> bool:
+    """A recovery was started and not finished (killed, or another process is on it)."""
+    return (directory / PENDING_NAME).exists()

@@ -1,0 +1,196 @@
+"""Recovery without loss: a moved database is followed, every readable row is salvaged, a killed recovery is
+finished by the next open, and rows whose value file is gone are misses that get cleaned."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+from test_store_support import BUDGET, make_entry, make_plan
+
+from prescreen.decision import decide
+from prescreen.service import lookup_or_decide
+from prescreen.store import DiskStore
+from prescreen.store.entry import Entry
+
+PENDING_NAME = "recovery.pending"  # prescreen.store.recovery.PENDING_NAME
+
+
+def val_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob("[0-9a-f][0-9a-f]/*/*.val"))
+
+
+def referenced(directory: Path) -> set[str]:
+    con = sqlite3.connect(directory / "cache.db")
+    try:
+        return {f for (f,) in con.execute("SELECT filename FROM Cache WHERE filename IS NOT NULL")}
+    finally:
+        con.close()
+
+
+# -- (a) a database moved aside under an open store ------------------------------------------
+
+
+def test_writes_follow_a_database_moved_aside(tmp_path: Path) -> None:
+    # Before: 200 of 200 puts returned True into the moved-aside file and none were in the live database.
+    directory = tmp_path / "cache"
+    entries = [make_entry(seed) for seed in range(200)]
+    with DiskStore(directory) as writer:
+        assert writer.put(entries[0])
+        for suffix in ("-wal", "-shm", ""):  # what another process's recovery does
+            if (directory / f"cache.db{suffix}").exists():
+                os.replace(directory / f"cache.db{suffix}", directory / f"cache.db.corrupt-1-1{suffix}")
+        with DiskStore(directory) as other:  # the other process starts afresh
+            assert other.put(entries[1])
+        acknowledged = [e for e in entries[2:] if writer.put(e)]
+    assert len(acknowledged) == 198
+    with DiskStore(directory) as after:
+        present = {e.key for e in acknowledged} & set(after.keys())
+    assert len(present) == len(acknowledged)
+
+
+# -- (b) salvage every readable row ---------------------------------------------------------
+
+
+def _damage_page_holding(db: Path, marker: bytes) -> None:
+    data = bytearray(db.read_bytes())
+    page_size = int.from_bytes(data[16:18], "big")
+    at = data.index(marker)
+    page = at // page_size
+    assert page > 0
+    data[page * page_size : (page + 1) * page_size] = os.urandom(page_size)
+    db.write_bytes(bytes(data))
+
+
+def _readable_by_rowid(db: Path) -> int:
+    """How many valid-looking rows SQLite still reads one rowid at a time (what a salvage can get)."""
+    con = sqlite3.connect(db.resolve().as_uri() + "?mode=ro", uri=True)
+    count = 0
+    try:
+        for rowid in range(1, 400):
+            try:
+                row = con.execute("SELECT value FROM Cache WHERE rowid = ? AND raw = 1", (rowid,)).fetchone()
+            except sqlite3.DatabaseError:
+                continue
+            count += row is not None and isinstance(row[0], str) and row[0].startswith("{")
+    finally:
+        con.close()
+    return count
+
+
+def test_salvage_reads_past_a_bad_page(tmp_path: Path) -> None:
+    # Before: salvage stopped at the first unreadable page (30 of 299 readable rows restored).
+    directory = tmp_path / "cache"
+    entries = [make_entry(seed) for seed in range(120)]
+    with DiskStore(directory) as store:
+        for entry in entries:
+            assert store.put(entry)
+    _damage_page_holding(directory / "cache.db", entries[30].kernel.encode() + b'"')
+    readable = _readable_by_rowid(directory / "cache.db")
+    assert 100 <= readable < 120
+    with DiskStore(directory) as store:
+        for entry in entries:  # the damage is found by the read that meets it, and recovered from then
+            store.get(entry.key)
+        assert store.recovered is not None
+        assert store.recovered[1] == readable
+        assert sum(store.get(e.key) is not None for e in entries) == readable
+
+
+# -- (c) a recovery killed half-way is finished by the next open -------------------------------
+
+_KILL_AFTER = """
+import os, sys
+from prescreen.store import DiskStore, recovery
+point, after = sys.argv[2], int(sys.argv[3])
+calls = [0]
+def dying(original):
+    def wrapped(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] > after:
+            os._exit(9)  # as SIGKILL: no cleanup of any kind
+        return original(*args, **kwargs)
+    return wrapped
+if point == "restore":
+    recovery._restore = dying(recovery._restore)
+else:
+    recovery.os.replace = dying(os.replace)
+DiskStore(sys.argv[1])
+"""
+
+
+def _corrupt_with_files(directory: Path) -> list[Entry]:
+    """40 entries stored, the database destroyed: the entries in .val files (over 4000 bytes) are restorable."""
+    entries = [make_entry(seed, n_args=14) for seed in range(40)]
+    with DiskStore(directory, min_file_size=4000) as store:
+        for entry in entries:
+            assert store.put(entry)
+    (directory / "cache.db").write_bytes(os.urandom(16384))
+    restorable = [e for e in entries if len(e.to_json()) >= 4000]
+    assert len(restorable) >= 30
+    return restorable
+
+
+def _kill_during_recovery(directory: Path, point: str, after: int) -> None:
+    done = subprocess.run([sys.executable, "-c", _KILL_AFTER, str(directory), point, str(after)], timeout=120)
+    assert done.returncode == 9
+
+
+def test_recovery_killed_while_restoring_is_finished_by_the_next_open(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    entries = _corrupt_with_files(directory)
+    _kill_during_recovery(directory, "restore", 7)
+    assert (directory / PENDING_NAME).exists()
+    _kill_during_recovery(directory, "restore", 3)  # killed again, earlier: nothing is lost either
+    with DiskStore(directory, min_file_size=4000) as store:
+        assert sum(store.get(e.key) is not None for e in entries) == len(entries)
+    assert not (directory / PENDING_NAME).exists()
+    assert {str(p.relative_to(directory)) for p in val_files(directory)} == referenced(directory)  # no orphans
+
+
+def test_recovery_killed_while_moving_files_is_finished_by_the_next_open(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    entries = _corrupt_with_files(directory)
+    (directory / "cache.db-wal").write_bytes(b"")
+    _kill_during_recovery(directory, "move", 1)  # -wal moved, cache.db not yet
+    assert (directory / "cache.db").exists() and (directory / PENDING_NAME).exists()
+    with DiskStore(directory, min_file_size=4000) as store:
+        assert sum(store.get(e.key) is not None for e in entries) == len(entries)
+    salvaged = [p.name for p in directory.glob("cache.db.salvaged-*")]
+    assert len({name.removesuffix("-wal").removesuffix("-shm") for name in salvaged}) == 1  # one name, resumed
+
+
+def test_recovery_is_idempotent(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    entries = _corrupt_with_files(directory)
+    for _ in range(2):
+        with DiskStore(directory, min_file_size=4000) as store:
+            assert sum(store.get(e.key) is not None for e in entries) == len(entries)
+            assert len(store.keys()) == len(entries)
+    assert {str(p.relative_to(directory)) for p in val_files(directory)} == referenced(directory)
+
+
+# -- (e) rows whose value file is gone ----------------------------------------------------------
+
+
+def test_rows_without_their_value_file_are_misses_and_cleaned(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    entries = [make_entry(seed, n_args=14) for seed in range(6)]
+    with DiskStore(directory, min_file_size=4000) as store:
+        for entry in entries:
+            assert store.put(entry)
+        gone = val_files(directory)[:3]  # as a delete killed between its file and its commit leaves them
+        for path in gone:
+            path.unlink()
+        assert store.stats().entries == 3  # not counted
+        assert len(list(store.entries())) == 3  # not listed, and cleaned
+        con = sqlite3.connect(directory / "cache.db")
+        (rows,) = con.execute("SELECT count(*) FROM Cache WHERE filename IS NOT NULL").fetchone()
+        con.close()
+        assert rows == 3
+        for seed in range(len(entries)):  # each a hit or a fresh, correct decision
+            plan = make_plan(seed, n_args=14)
+            assert lookup_or_decide(plan, BUDGET, store).decision == decide(plan, BUDGET)
+        assert store.stats().entries == 6
