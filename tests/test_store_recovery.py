@@ -194,3 +194,14 @@ def test_rows_without_their_value_file_are_misses_and_cleaned(tmp_path: Path) ->
             plan = make_plan(seed, n_args=14)
             assert lookup_or_decide(plan, BUDGET, store).decision == decide(plan, BUDGET)
         assert store.stats().entries == 6
+
+
+def test_clear_all_removes_orphaned_value_files(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    with DiskStore(directory, min_file_size=4000) as store:
+        assert store.put(make_entry(1, n_args=14))
+        orphan = directory / "ab" / "cd" / ("0" * 28 + ".val")  # as a put killed before its row commits leaves
+        orphan.parent.mkdir(parents=True)
+        orphan.write_text("{}")
+        assert store.clear_all() == 1
+    assert val_files(directory) == []

@@ -50,6 +50,7 @@ from prescreen.store.recovery import (
     open_lock_file,
     quarantine,
     recovery_lock,
+    remove_orphans,
     salvage,
 )
 from prescreen.store.secure import (
@@ -541,7 +542,14 @@ class DiskStore(Store):
             cache.clear()
             return count
 
-        return self._run(True, clear, 0)
+        removed = self._run(True, clear, 0)
+        try:  # and the value files of puts and deletes killed half-way, once no write is in progress
+            with recovery_lock(self.directory, wait=self.timeout):
+                if self._cache is not None:
+                    remove_orphans(self._cache, self.directory)
+        except Exception:  # held by a recovery, or unwritable: the files stay until the next clear or recovery
+            pass
+        return removed
 
     def stats(self) -> StoreStats:
         self.flush_hits()

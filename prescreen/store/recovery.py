@@ -248,6 +248,22 @@ def salvage(cache: diskcache.Cache, directory: Path, signer: Signer | None = Non
     return restored
 
 
+def remove_orphans(cache: diskcache.Cache, directory: Path) -> int:
+    """Delete every ``.val`` file no row refers to (left by a process killed between a file and its commit).
+
+    Call it under the exclusive lock, for the same reason as ``salvage``. Returns how many went.
+    """
+    referenced = _referenced(cache)
+    removed = 0
+    for path in list(_value_files(directory)):
+        name = str(path.relative_to(directory))
+        if name not in referenced and value_file(str(directory), name) is not None:
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed += 1
+    return removed
+
+
 def needs_salvage(directory: Path) -> bool:
     """A recovery was started and not finished (killed, or another process is on it)."""
     return (directory / PENDING_NAME).exists()

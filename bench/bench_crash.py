@@ -1,0 +1,329 @@
+"""SIGKILL soak of the disk store: writers, recovery, clear and import, killed at random moments.
+
+Run: ``python bench/bench_crash.py [--kills 50]``. Each scenario kills child
+processes with SIGKILL at random times (``--kills`` per scenario) while they
+write, recover a corrupt database, delete/clear, or import a bundle. A child
+logs a key only after ``put`` returned True (acknowledged). Afterwards the
+directory is opened normally and the script prints, per scenario:
+
+- acknowledged: puts that returned True before the kill;
+- present: entries the store holds afterwards;
+- lost: acknowledged entries missing afterwards (must be 0);
+- wrong: entries whose stored decision differs from a fresh one (must be 0);
+- orphaned: ``.val`` files no row refers to, left after the reopen;
+- phantom: rows whose ``.val`` file was gone right after the kills (they read as misses and are cleaned);
+- mid-op: kills that landed before the child finished its operation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from prescreen.budget import Budget
+from prescreen.decision import decide
+from prescreen.plan import KernelPlan
+from prescreen.service import lookup_or_decide
+from prescreen.store import DiskStore, export_bundle
+from prescreen.store.entry import Entry
+
+BUDGET = Budget("npu", 16 * 2**30, 0.25)
+MIN_FILE = 4000  # entries over this many bytes are .val files, the rest rows in cache.db
+
+
+def plan(seed: int) -> KernelPlan:
+    """Even seeds: a small plan (inline row); odd seeds: 30 args (about 12 KB of JSON, a .val file)."""
+    x, r, s = {"axis_name": "x0"}, {"axis_name": "r0"}, {"axis_name": "s0"}
+    args: list[dict[str, object]] = [
+        {
+            "kind": "tensor", "source": "buffer", "name": f"in_ptr{i}",
+            "dtype": ("torch.float16", "torch.float32")[i % 2], "device": "npu:0",
+            "size_exprs": [x, r, s], "stride_exprs": [{"mul": [r, s]}, s, {"const": 1}],
+        }
+        for i in range(30 if seed % 2 else 2)
+    ]
+    args.append({"kind": "size", "source": "axis_expr", "name": "xnumel", "expr": {"mul": [x, 2]}})
+    return KernelPlan.from_payload({
+        "kernel_name": f"triton_poi_fused_{seed}",
+        "group_features": [
+            {"name": "x", "source": "primary_axis", "axis_names": ["x0"], "buckets": [64, 128, 256]},
+            {"name": "r", "source": "axis", "axis_names": ["r0"], "buckets": [64, 128, 256]},
+        ],
+        "axis_names": ["x0", "r0", "s0"],
+        "axis_static_values": [["s0", 1 + seed]],
+        "ordered_arg_specs": args,
+        "mutated_arg_names": ["in_ptr0"],
+    })
+
+
+def entry(seed: int) -> Entry:
+    outcome = lookup_or_decide(plan(seed), BUDGET, None)
+    assert outcome.entry is not None
+    return outcome.entry
+
+
+# -- children ---------------------------------------------------------------------------------
+
+
+class _AckStore(DiskStore):
+    """A disk store that logs each acknowledged put (``seed key``) after ``put`` returned True."""
+
+    log_fd = -1
+    seed_of: dict[str, int] = {}
+
+    def put(self, e: Entry) -> bool:
+        ok = super().put(e)
+        if ok:
+            os.write(self.log_fd, f"{self.seed_of.get(e.key, -1)} {e.key}\n".encode())
+        return ok
+
+
+def child(kind: str, directory: str, log: str, start: int, extra: str) -> None:
+    """Everything slow (imports, decisions) happens before "ready"; the store is opened after it."""
+    _AckStore.log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    count = int(extra or 0)
+    known = {seed: entry(seed) for seed in range(count)}
+    _AckStore.seed_of = {e.key: seed for seed, e in known.items()}
+    fresh = [entry(start + i) for i in range(count)] if kind == "clear" and start >= 0 else []
+    _AckStore.seed_of.update({e.key: start + i for i, e in enumerate(fresh)})
+    logging.getLogger("prescreen.store").setLevel(logging.ERROR)  # recoveries are expected here; the parent checks
+    print("ready", flush=True)
+    store = _AckStore(directory, min_file_size=MIN_FILE)  # a "recover" child recovers here
+    if kind == "writer":
+        for seed in range(start, start + 100_000):
+            e = entry(seed)
+            _AckStore.seed_of[e.key] = seed
+            store.put(e)
+    elif kind == "clear":
+        if start < 0:
+            store.clear_all()
+        else:
+            for new, seed in zip(fresh, range(count)):
+                store.put(new)
+                store.delete([known[seed].key])
+    elif kind == "import":
+        from prescreen.store import import_bundle
+
+        import_bundle(store, log + ".bundle")
+    store.close()
+    print("done", flush=True)
+
+
+# -- the parent ---------------------------------------------------------------------------------
+
+
+def spawn(kind: str, directory: Path, log: Path, start: int = 0, extra: str = "") -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-P", __file__, "--child", kind, str(directory), str(log), str(start), extra],
+        stdout=subprocess.PIPE, text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    assert line == "ready", f"child said {line!r}"
+    return proc
+
+
+def duration(kind: str, directory: Path, log: Path, start: int = 0, extra: str = "") -> float:
+    """Seconds from "ready" to "done" of one child left to finish (the window the kills are drawn from)."""
+    proc = spawn(kind, directory, log, start, extra)
+    began = time.monotonic()
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    took = time.monotonic() - began
+    proc.wait()
+    assert line == "done", f"child said {line!r}"
+    return max(took, 0.01)
+
+
+def kill(proc: subprocess.Popen[str]) -> bool:
+    """SIGKILL ``proc``; True when it had not finished its operation."""
+    proc.send_signal(signal.SIGKILL)
+    assert proc.stdout is not None
+    rest = proc.stdout.read()
+    proc.wait()
+    return "done" not in rest
+
+
+def acked(log: Path) -> list[int]:
+    """The seeds of the acknowledged puts a child logged."""
+    if not log.exists():
+        return []
+    seeds = [int(line.split()[0]) for line in log.read_text().splitlines() if line.strip()]
+    assert all(seed >= 0 for seed in seeds), "a put of an unknown entry was acknowledged"
+    return seeds
+
+
+def file_rows(directory: Path) -> tuple[set[str], int]:
+    """(value files rows refer to, rows whose value file is gone), read straight from cache.db."""
+    con = sqlite3.connect(directory / "cache.db")
+    try:
+        names = {f for (f,) in con.execute("SELECT filename FROM Cache WHERE filename IS NOT NULL")}
+    finally:
+        con.close()
+    return names, sum(not (directory / n).exists() for n in names)
+
+
+def orphans(directory: Path) -> int:
+    names, _ = file_rows(directory)
+    return sum(str(p.relative_to(directory)) not in names for p in directory.glob("[0-9a-f][0-9a-f]/*/*.val"))
+
+
+def check(directory: Path, seeds: list[int], expected: set[int] | None = None) -> dict[str, int]:
+    """Reopen and check: every acknowledged seed present and right; every present entry right."""
+    _, phantom = file_rows(directory)
+    out = {"acknowledged": len(set(seeds)), "lost": 0, "wrong": 0, "phantom": phantom}
+    with DiskStore(directory, min_file_size=MIN_FILE) as store:
+        for seed in set(seeds) | (expected or set()):
+            got = store.get(entry(seed).key)
+            if got is None:
+                out["lost"] += 1
+            elif got.decision != decide(plan(seed), BUDGET):
+                out["wrong"] += 1
+        present = list(store.entries())
+        out["present"] = len(present)
+        out["wrong"] += sum(e.decision != decide(KernelPlan.from_payload(e.plan), BUDGET) for e in present)
+        if len(store.keys()) != len(present):
+            out["wrong"] += 1  # a counted entry that does not read back
+    out["orphaned"] = orphans(directory)
+    return out
+
+
+def add(total: dict[str, int], part: dict[str, int]) -> None:
+    for k, v in part.items():
+        total[k] = total.get(k, 0) + v
+
+
+def writers(root: Path, kills: int, rng: random.Random) -> dict[str, int]:
+    directory, log = root / "writers", root / "writers.log"
+    procs = [spawn("writer", directory, log, start=1_000_000 * (w + 1)) for w in range(2)]
+    mid = 0
+    for k in range(kills):
+        time.sleep(rng.uniform(0.05, 1.0))
+        w = k % 2
+        mid += kill(procs[w])
+        procs[w] = spawn("writer", directory, log, start=1_000_000 * (w + 1) + 1000 * (k + 1))
+    for proc in procs:
+        kill(proc)
+    out = check(directory, acked(log))
+    return {"kills": kills, "mid-op": mid, **out}
+
+
+def recovery(root: Path, kills: int, rng: random.Random) -> dict[str, int]:
+    template = root / "recovery-template"
+    seeds = list(range(100))  # 50 odd seeds: .val files, restorable after the database is destroyed
+    with DiskStore(template, min_file_size=MIN_FILE) as store:
+        for seed in seeds:
+            assert store.put(entry(seed))
+    (template / "cache.db").write_bytes(os.urandom(16384))
+    for name in ("cache.db-wal", "cache.db-shm"):
+        (template / name).unlink(missing_ok=True)
+    restorable = {s for s in seeds if s % 2}
+    probe = root / "recovery-probe"
+    shutil.copytree(template, probe)
+    kill_window = duration("recover", probe, root / "probe.log")
+    total: dict[str, int] = {"kills": kills, "mid-op": 0}
+    for k in range(kills):
+        directory = root / f"recovery-{k}"
+        shutil.copytree(template, directory)
+        proc = spawn("recover", directory, root / f"recovery-{k}.log")
+        time.sleep(rng.uniform(0, kill_window))
+        total["mid-op"] += kill(proc)
+        result = check(directory, [], expected=restorable)
+        result["acknowledged"] = len(restorable)  # every valid .val entry must come back
+        add(total, result)
+        shutil.rmtree(directory)
+    return total
+
+
+def clear(root: Path, kills: int, rng: random.Random) -> dict[str, int]:
+    template = root / "clear-template"
+    with DiskStore(template, min_file_size=MIN_FILE) as store:
+        for seed in range(40):
+            assert store.put(entry(seed))
+    windows = []
+    for everything in (False, True):
+        shutil.copytree(template, root / "clear-probe")
+        windows.append(duration("clear", root / "clear-probe", root / "clear-probe.log", -1 if everything else 400_000, "40"))
+        shutil.rmtree(root / "clear-probe")
+    total: dict[str, int] = {"kills": kills, "mid-op": 0}
+    for k in range(kills):
+        directory, log = root / f"clear-{k}", root / f"clear-{k}.log"
+        shutil.copytree(template, directory)
+        everything = k % 2 == 1  # odd rounds: clear_all; even rounds: put a new entry, delete an old one
+        proc = spawn("clear", directory, log, start=-1 if everything else 500_000 + 100 * k, extra="40")
+        time.sleep(rng.uniform(0.0, windows[everything]))
+        total["mid-op"] += kill(proc)
+        add(total, check(directory, acked(log)))
+        with DiskStore(directory, min_file_size=MIN_FILE) as store:  # and clear always empties
+            store.clear_all()
+            total["not-emptied"] = total.get("not-emptied", 0) + len(store.keys()) + orphans(directory)
+        shutil.rmtree(directory)
+    return total
+
+
+def import_(root: Path, kills: int, rng: random.Random) -> dict[str, int]:
+    source = root / "import-source"
+    count = 60
+    with DiskStore(source, min_file_size=MIN_FILE) as store:
+        for seed in range(count):
+            assert store.put(entry(seed))
+        bundle_text_path = root / "bundle.json"
+        export_bundle(store, bundle_text_path)
+    shutil.copy(bundle_text_path, str(root / "import-probe.log") + ".bundle")
+    window = duration("import", root / "import-probe", root / "import-probe.log", extra=str(count))
+    total: dict[str, int] = {"kills": kills, "mid-op": 0}
+    for k in range(kills):
+        directory, log = root / f"import-{k}", root / f"import-{k}.log"
+        shutil.copy(bundle_text_path, str(log) + ".bundle")
+        proc = spawn("import", directory, log, extra=str(count))
+        time.sleep(rng.uniform(0.0, window))
+        total["mid-op"] += kill(proc)
+        add(total, check(directory, acked(log)))
+        from prescreen.store import import_bundle
+
+        with DiskStore(directory, min_file_size=MIN_FILE) as store:  # finishing the import leaves all of it
+            import_bundle(store, bundle_text_path)
+            total["incomplete-after-reimport"] = total.get("incomplete-after-reimport", 0) + count - len(store.keys())
+        shutil.rmtree(directory)
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kills", type=int, default=50, help="SIGKILLs per scenario (default 50)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        kind, directory, log, start, extra = args.child
+        child(kind, directory, log, int(start), extra)
+        return
+    rng = random.Random(args.seed)
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {args.kills} SIGKILLs per scenario")
+    columns = ["kills", "mid-op", "acknowledged", "present", "lost", "wrong", "orphaned", "phantom"]
+    print(f"{'scenario':<10}" + "".join(f"{c:>14}" for c in columns) + "  other")
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="prescreen-crash-") as tmp:
+        root = Path(tmp)
+        for name, scenario in (("writers", writers), ("recovery", recovery), ("clear", clear), ("import", import_)):
+            started = time.monotonic()
+            result = scenario(root, args.kills, rng)
+            other = {k: v for k, v in result.items() if k not in columns}
+            print(f"{name:<10}" + "".join(f"{result.get(c, 0):>14}" for c in columns)
+                  + f"  {other} ({time.monotonic() - started:.0f} s)", flush=True)
+            failed |= result.get("lost", 0) > 0 or result.get("wrong", 0) > 0 or any(other.values())
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
