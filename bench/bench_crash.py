@@ -168,6 +168,8 @@ def file_rows(directory: Path) -> tuple[set[str], int]:
     con = sqlite3.connect(directory / "cache.db")
     try:
         names = {f for (f,) in con.execute("SELECT filename FROM Cache WHERE filename IS NOT NULL")}
+    except sqlite3.OperationalError:  # killed after cache.db was created, before diskcache made its tables
+        names = set()
     finally:
         con.close()
     return names, sum(not (directory / n).exists() for n in names)

@@ -499,14 +499,15 @@ class DiskStore(Store):
             live: list[str] = []
             missing: list[tuple[str, str]] = []
             for key, filename in rows:
-                if _is_entry_key(key):
+                if isinstance(key, str) and _is_entry_key(key):
                     if self._file_present(filename):
                         live.append(key)
-                    else:
+                    elif isinstance(filename, str):
                         missing.append((key, filename))
             return live, missing
 
-        return self._run(False, read, ([], []))
+        nothing: tuple[list[str], list[tuple[str, str]]] = ([], [])
+        return self._run(False, read, nothing)
 
     def _file_present(self, filename: object) -> bool:
         if filename is None:

@@ -252,7 +252,8 @@ class RedisStore(Store):
     # -- the Store interface ----------------------------------------------------
 
     def get(self, key: str) -> Entry | None:
-        raw, hits = self._call(lambda: self._fetch(key), (None, 0))
+        nothing: tuple[object, int] = (None, 0)
+        raw, hits = self._call(lambda: self._fetch(key), nothing)
         entry = self._decode(key, raw)
         if entry is None:
             self.misses += 1
