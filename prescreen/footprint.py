@@ -6,7 +6,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Union
+from typing import Any, NoReturn, Union
 
 import numpy as np
 
@@ -295,13 +295,9 @@ class _Evaluator:
             return num // den, bound
         raise _Fails  # RuntimeArg (never boundable) or an unknown node
 
-    def arg_bytes(self, arg: TensorArg | WorkspaceArg) -> tuple[Column, int, Column]:
-        """Bytes of ``arg`` per group (int or array), a bound of them, and where it fails (bool or mask)."""
+    def numel(self, arg: TensorArg | WorkspaceArg) -> tuple[Column, int, Column]:
+        """Elements of ``arg`` per group (int or array), a bound of them, and where it fails (bool or mask)."""
         self.fail = False
-        info = _dtype_info(arg.dtype) if isinstance(arg.dtype, str) else None
-        if info is None:
-            raise _Fails
-        itemsize = info[1]
         if isinstance(arg, WorkspaceArg):
             count, bound = self.ev(arg.count)
             if isinstance(count, int):
@@ -309,7 +305,7 @@ class _Evaluator:
                     raise _Fails
             else:
                 self.fail = self.fail | (count < 0)
-            return count * itemsize, self.check(bound * itemsize), self.fail
+            return count, bound, self.fail
         sizes = [self.ev(e) for e in arg.size]
         strides = [self.ev(e) for e in arg.stride]
         if len(sizes) != len(strides):
@@ -328,10 +324,8 @@ class _Evaluator:
             empty = empty | (d == 0)
             numel = numel + (d - 1) * s
         if isinstance(empty, (bool, np.bool_)):
-            nbytes: Column = 0 if empty else numel * itemsize
-        else:
-            nbytes = np.where(empty, 0, numel) * itemsize
-        return nbytes, self.check(bound * itemsize), self.fail
+            return (0 if empty else numel), bound, self.fail
+        return np.where(empty, 0, numel), bound, self.fail
 
 
 def _first(mask: Column, shape: tuple[int, ...]) -> int:
@@ -349,32 +343,30 @@ def _vectorized(
     shape = layout.shape
     n_groups = math.prod(shape)
     ev = _Evaluator(layout, exact)
-    per_arg: list[tuple[Column, int]] = []
-    first_failure = -1
-    for arg in args:
+    distinct = _Distinct(args)
+    numels: list[tuple[Column, int]] = []
+    first_failure = 0 if distinct.failed else -1
+    for arg in distinct.new:
         try:
-            nbytes, bound, fail = ev.arg_bytes(arg)
+            numel, bound, fail = ev.numel(arg)
         except _Fails:
             first_failure = 0
             break
         at = _first(fail, shape)
         if at >= 0:
             first_failure = at if first_failure < 0 else min(first_failure, at)
-        per_arg.append((nbytes, bound))
+        numels.append((numel, bound))
     if first_failure >= 0:
-        env = layout.env_at(first_failure)
-        for arg in args:
-            _arg_bytes(arg, env)  # raises this group's first failure, exactly as the plain loop would
-        raise AssertionError("a failing group evaluated cleanly")  # pragma: no cover
-    ev.check(n_groups * sum(b for _, b in per_arg))
+        _raise_first_failure(args, layout.env_at(first_failure))
+    weights, clone_weights = distinct.weights(plan.mutated_arg_names)
+    ev.check(n_groups * sum(b * w for (_, b), w in zip(numels, weights)))
 
-    mutated = set(plan.mutated_arg_names)
     total: Column = 0
     clones: Column = 0
-    for arg, (nbytes, _) in zip(args, per_arg):
-        total = total + nbytes
-        if arg.name in mutated:
-            clones = clones + nbytes
+    for (numel, _), w, c in zip(numels, weights, clone_weights):
+        total = total + numel * w
+        if c:
+            clones = clones + numel * c
     totals = np.broadcast_to(np.asarray(total, dtype=ev.dtype), shape).ravel()
     synthetic = int(totals.sum())
     peak_clone = max(0, int(np.max(clones)))
@@ -383,12 +375,10 @@ def _vectorized(
 
     dominant: ArgFootprint | None = None
     if args:
-        peak = max(int(np.max(b)) for b, _ in per_arg)
-        best = (n_groups, len(args))
-        for i, (nbytes, _) in enumerate(per_arg):
-            if int(np.max(nbytes)) == peak:
-                best = min(best, (_first(np.asarray(nbytes) == peak, shape), i))
-        at, i = best
+        at, i = distinct.dominant(
+            [int(np.max(numel)) for numel, _ in numels],
+            lambda k, top: _first(np.asarray(numels[k][0]) == top, shape),
+        )
         arg = args[i]
         size, stride, nbytes_at = _arg_bytes(arg, layout.env_at(at))
         dominant = ArgFootprint(
@@ -397,6 +387,81 @@ def _vectorized(
     ids = layout.group_ids
     group_bytes = tuple(zip(ids, flat_totals))
     return Footprint(synthetic, peak_clone, synthetic + peak_clone, group_bytes, ids[largest], dominant)
+
+
+def _raise_first_failure(args: list[TensorArg | WorkspaceArg], env: Mapping[str, int]) -> NoReturn:
+    """Evaluate the first failing group the plain way: raises exactly the plain loop's error."""
+    for arg in args:
+        _arg_bytes(arg, env)
+    raise AssertionError("a failing group evaluated cleanly")  # pragma: no cover
+
+
+class _Distinct:
+    """Arguments by distinct expressions: several buffers of one shape share one evaluation.
+
+    ``keys[i]`` numbers argument ``i``'s distinct size/stride (or count)
+    expressions and ``new`` lists, in order, the arguments that bring a new
+    key; both stop before the first argument of unknown dtype (which fails in
+    every group; ``failed`` says so). Hashing and comparing expressions costs
+    about what evaluating them on a tiny grid does, so with ``share=False``
+    every argument is its own key.
+    """
+
+    def __init__(self, args: list[TensorArg | WorkspaceArg], share: bool = True) -> None:
+        self.args = args
+        self.keys: list[int] = []
+        self.itemsizes: list[int] = []
+        self.new: list[TensorArg | WorkspaceArg] = []
+        self.failed = False
+        seen: dict[object, int] = {}
+        for arg in args:
+            info = _dtype_info(arg.dtype) if isinstance(arg.dtype, str) else None
+            if info is None:
+                self.failed = True
+                break
+            self.itemsizes.append(info[1])
+            if share:
+                expr_key = (arg.size, arg.stride) if isinstance(arg, TensorArg) else arg.count
+                key = seen.get(expr_key)
+                if key is None:
+                    key = seen[expr_key] = len(self.new)
+                    self.new.append(arg)
+                self.keys.append(key)
+            else:
+                self.keys.append(len(self.new))
+                self.new.append(arg)
+
+    def weights(self, mutated_names: Sequence[str]) -> tuple[list[int], list[int]]:
+        """Per key: the item sizes of its arguments summed, and of its mutated arguments."""
+        mutated = set(mutated_names)
+        if len(self.new) == len(self.keys):  # nothing shared: one key per argument
+            return self.itemsizes, [s if a.name in mutated else 0 for a, s in zip(self.args, self.itemsizes)]
+        n = len(self.new)
+        weights, clones = [0] * n, [0] * n
+        for arg, key, itemsize in zip(self.args, self.keys, self.itemsizes):
+            weights[key] += itemsize
+            if arg.name in mutated:
+                clones[key] += itemsize
+        return weights, clones
+
+    def dominant(self, peaks: list[int], first: Callable[[int, int], int]) -> tuple[int, int]:
+        """(group index, arg index) of the first largest argument, groups first, as the plain loop finds it.
+
+        ``peaks[k]``: the largest element count of key ``k``; ``first(k, n)``:
+        the first group where key ``k`` has ``n`` elements. Item sizes are
+        positive, so an argument is largest where its element count is.
+        """
+        peak = max(peaks[k] * itemsize for k, itemsize in zip(self.keys, self.itemsizes))
+        best = (-1, -1)
+        firsts: dict[int, int] = {}
+        for i, (k, itemsize) in enumerate(zip(self.keys, self.itemsizes)):
+            if peaks[k] * itemsize == peak:
+                at = firsts.get(k)
+                if at is None:
+                    at = firsts[k] = first(k, peaks[k])
+                if best[0] < 0 or at < best[0]:
+                    best = (at, i)
+        return best
 
 
 # --- The pure-Python path for small grids ---------------------------------------------------------
@@ -522,61 +587,39 @@ class _Flat:
 
 def _small(plan: KernelPlan, args: list[TensorArg | WorkspaceArg], layout: _Layout) -> Footprint:
     flat = _Flat(layout)
-    # Arguments with the same expressions (several buffers of one shape) are evaluated once; hashing
-    # and comparing expressions costs about as much as evaluating them, so only beyond two arguments.
-    memo: dict[object, tuple[FlatColumn, list[FlatColumn], list[FlatColumn]]] | None = {} if len(args) > 2 else None
-    per_arg: list[tuple[FlatColumn, list[FlatColumn], list[FlatColumn]]] = []
-    for arg in args:
-        info = _dtype_info(arg.dtype) if isinstance(arg.dtype, str) else None
-        if info is None:
+    distinct = _Distinct(args, share=len(args) > 2)
+    numels: list[tuple[FlatColumn, list[FlatColumn], list[FlatColumn]]] = []
+    if distinct.failed:
+        flat.fail_at = 0
+    for arg in distinct.new:
+        try:
+            numels.append(flat.numel(arg))
+        except _Fails:
             flat.fail_at = 0
             break
-        key = ((arg.size, arg.stride) if isinstance(arg, TensorArg) else arg.count) if memo is not None else None
-        hit = memo.get(key) if memo is not None else None
-        if hit is None:
-            try:
-                hit = flat.numel(arg)
-            except _Fails:
-                flat.fail_at = 0
-                break
-            if memo is not None:
-                memo[key] = hit
-        numel, sizes, strides = hit
-        itemsize = info[1]
-        if isinstance(numel, int):
-            per_arg.append((numel * itemsize, sizes, strides))
-        elif itemsize == 1:
-            per_arg.append(hit)
-        else:
-            per_arg.append(([v * itemsize for v in numel], sizes, strides))
     if flat.fail_at >= 0:
-        env = layout.env_at(flat.fail_at)
-        for arg in args:
-            _arg_bytes(arg, env)  # raises this group's first failure, exactly as the plain loop would
-        raise AssertionError("a failing group evaluated cleanly")  # pragma: no cover
+        _raise_first_failure(args, layout.env_at(flat.fail_at))
 
     n = flat.n
-    arg_bytes = [b for b, _, _ in per_arg]
-    totals = _flat_sum(arg_bytes, n)
-    mutated = set(plan.mutated_arg_names)
-    clone_bytes = [b for arg, b in zip(args, arg_bytes) if arg.name in mutated] if mutated else []
-    peak_clone = max(0, max(_flat_sum(clone_bytes, n))) if clone_bytes else 0
+    weights, clone_weights = distinct.weights(plan.mutated_arg_names)
+    totals = _flat_sum([(numel, w) for (numel, _, _), w in zip(numels, weights)], n)
+    clone_parts = [(numel, c) for (numel, _, _), c in zip(numels, clone_weights) if c]
+    peak_clone = max(0, max(_flat_sum(clone_parts, n))) if clone_parts else 0
     synthetic = sum(totals)
-    top = max(totals)
-    largest = totals.index(top)
+    largest = totals.index(max(totals))
 
     dominant: ArgFootprint | None = None
     if args:
-        peaks = [b if isinstance(b, int) else max(b) for b in arg_bytes]
-        peak = max(peaks)
-        at, i = n, 0
-        for j, nbytes in enumerate(arg_bytes):
-            if peaks[j] == peak:
-                first = 0 if isinstance(nbytes, int) else nbytes.index(peak)
-                if first < at:
-                    at, i = first, j
+        peaks = [numel if isinstance(numel, int) else max(numel) for numel, _, _ in numels]
+
+        def first(k: int, top: int) -> int:
+            numel = numels[k][0]
+            return 0 if isinstance(numel, int) else numel.index(top)
+
+        at, i = distinct.dominant(peaks, first)
         arg = args[i]
-        _, sizes, strides = per_arg[i]
+        _, sizes, strides = numels[distinct.keys[i]]
+        nbytes = peaks[distinct.keys[i]] * distinct.itemsizes[i]
         dominant = ArgFootprint(
             layout.group_ids[at],
             arg.name,
@@ -584,27 +627,26 @@ def _small(plan: KernelPlan, args: list[TensorArg | WorkspaceArg], layout: _Layo
             _canonical_dtype(arg.dtype),
             tuple([c if isinstance(c, int) else c[at] for c in sizes]),
             tuple([c if isinstance(c, int) else c[at] for c in strides]),
-            peak,
+            nbytes,
         )
     ids = layout.group_ids
     return Footprint(synthetic, peak_clone, synthetic + peak_clone, tuple(zip(ids, totals)), ids[largest], dominant)
 
 
-def _flat_sum(columns: list[FlatColumn], n: int) -> list[int]:
-    """Per-group sum of ``columns``."""
+def _flat_sum(parts: list[tuple[FlatColumn, int]], n: int) -> list[int]:
+    """Per-group sum of ``column * weight`` over ``parts``."""
     const = 0
     lists: list[list[int]] = []
-    for col in columns:
+    for col, w in parts:
         if isinstance(col, int):
-            const += col
-        else:
+            const += col * w
+        elif w == 1:
             lists.append(col)
+        elif w:
+            lists.append([v * w for v in col])
     if not lists:
         return [const] * n
-    if len(lists) == 1:
-        totals = lists[0]
-    else:
-        totals = [sum(t) for t in zip(*lists)]
+    totals = lists[0] if len(lists) == 1 else [sum(t) for t in zip(*lists)]
     return [t + const for t in totals] if const else totals
 
 
