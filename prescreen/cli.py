@@ -661,7 +661,7 @@ def clear(obj: Ctx, everything: bool, key_prefix: str | None, kernel: str | None
     store = obj.store()
     doomed = [e for e in store.entries() if chosen(e)]
     console = out()
-    if not doomed:
+    if not doomed and not (everything and store.stats().entries):  # --all also removes invalid values
         console.print("nothing to remove")
         return
     if not yes and not click.confirm(f"Remove {len(doomed)} entries from {store.location}?", default=False):
