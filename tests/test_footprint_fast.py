@@ -233,3 +233,24 @@ def test_every_number_is_a_python_int(small_grid: int, top: int) -> None:
     assert fp.dominant_arg is not None
     numbers += [fp.dominant_arg.group_id, fp.dominant_arg.num_bytes, *fp.dominant_arg.size, *fp.dominant_arg.stride]
     assert all(type(n) is int for n in numbers), [type(n) for n in numbers]
+
+
+@PATHS
+def test_arguments_sharing_expressions_keep_their_own_dtype_name_and_mutation(small_grid: int) -> None:
+    """Buffers of one shape are evaluated once; each still counts with its own item size, name and mutation."""
+    x0, x1 = Axis("x0"), Axis("x1")
+
+    def buf(name: str, dtype: str) -> TensorArg:
+        return TensorArg(name, "buffer", (x0, x1), (x1, Const(1)), dtype, "npu:0")
+
+    args = (buf("a", "torch.int8"), buf("b", "torch.float64"), buf("c", "torch.int8"), buf("d", "torch.float64"),
+            WorkspaceArg("w", x0, "torch.int16", "npu:0", "NONE"), WorkspaceArg("v", x0, "torch.int32", "npu:0", "NONE"))
+    features = (GroupFeature("a", "axis", ("x0",), (2, 4, 8)), GroupFeature("b", "axis", ("x1",), tuple(range(1, 80))))
+    plan = KernelPlan(features, ("x0", "x1"), (), args, ("a", "c", "w"))
+    reps = build_representatives(plan)
+    with mock.patch.object(footprint, "_SMALL_GRID", small_grid):
+        fp = estimate_footprint(plan, reps)
+    assert fp == reference_footprint(plan, reps)
+    assert fp.dominant_arg is not None and fp.dominant_arg.name == "b"
+    x0_top, x1_top = 16, 158
+    assert fp.mutated_clone_bytes == x0_top * x1_top * (1 + 1) + x0_top * 2
