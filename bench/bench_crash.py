@@ -165,6 +165,8 @@ def acked(log: Path) -> list[int]:
 
 def file_rows(directory: Path) -> tuple[set[str], int]:
     """(value files rows refer to, rows whose value file is gone), read straight from cache.db."""
+    if not (directory / "cache.db").is_file():  # killed before the store made its directory
+        return set(), 0
     con = sqlite3.connect(directory / "cache.db")
     try:
         names = {f for (f,) in con.execute("SELECT filename FROM Cache WHERE filename IS NOT NULL")}
@@ -176,6 +178,8 @@ def file_rows(directory: Path) -> tuple[set[str], int]:
 
 
 def orphans(directory: Path) -> int:
+    if not directory.is_dir():
+        return 0
     names, _ = file_rows(directory)
     return sum(str(p.relative_to(directory)) not in names for p in directory.glob("[0-9a-f][0-9a-f]/*/*.val"))
 
