@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from prescreen.decision import Decision
 from prescreen.key import SCHEMA_VERSION, KeyParts, family_hash
 from prescreen.plan import KernelPlan, has_dynamic_axis
-from prescreen.store.signing import SIGNATURE_FIELD, BadSignature, Signer
+from prescreen.store.signing import SIGNATURE_FIELD, BadSignature, Signer, canonical
 
 MAX_ENTRY_BYTES = 4 * 2**20  # an entry's JSON text is a few KiB; anything above this cap is refused unread
 MAX_DEPTH = 64  # nesting of a stored plan or family; a valid plan expression is a few levels deep
@@ -85,7 +85,8 @@ class Entry:
         return payload
 
     def to_json(self, signer: Signer | None = None) -> str:
-        return json.dumps(self.signed_payload(signer), sort_keys=True, separators=(",", ":"))
+        """The stored text: canonical JSON, signed (the signature its last field) when ``signer`` is given."""
+        return canonical(self.signed_payload(signer))
 
     @staticmethod
     def from_payload(d: object, expected_key: str | None = None, signer: Signer | None = None) -> "Entry":
@@ -177,8 +178,23 @@ class Entry:
 
     @staticmethod
     def from_json(text: str | bytes, expected_key: str | None = None, signer: Signer | None = None) -> "Entry":
-        """Parse and validate stored JSON text; raises ``InvalidEntry`` (never anything else) naming what is wrong."""
-        return Entry.from_payload(parse_json(text), expected_key, signer)
+        """Parse and validate stored JSON text; raises ``InvalidEntry`` (never anything else) naming what is wrong.
+
+        With a signer the signature is checked on the text itself, before parsing.
+        """
+        if signer is not None:
+            if isinstance(text, bytes):
+                try:
+                    text = text.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise InvalidEntry("entry is not UTF-8 text") from None
+            if len(text) > MAX_ENTRY_BYTES:
+                raise InvalidEntry(f"entry is {len(text)} bytes, over the {MAX_ENTRY_BYTES}-byte cap")
+            try:
+                signer.verify_text(text)
+            except BadSignature as exc:
+                raise UnsignedEntry(str(exc)) from None
+        return Entry.from_payload(parse_json(text), expected_key)
 
 
 def parse_json(text: str | bytes) -> object:

@@ -4,8 +4,10 @@ Without a secret, the store is trusted input: whoever can write the cache
 directory, the Redis database or a bundle decides what prescreen does. With
 ``PRESCREEN_SIGNING_KEY`` (the secret itself) or ``PRESCREEN_SIGNING_KEY_FILE``
 (a file holding it, readable by its owner only), every entry written carries
-``"signature": "hmac-sha256:<hex>"`` over ``key`` and its canonical JSON (all
-fields but ``hits``, which changes, and the signature). Read back from disk,
+``"signature": "hmac-sha256:<hex>"`` over its canonical JSON text (sorted keys,
+no spaces, ``hits`` as 0, no signature), which holds the key. The signature is
+the last field of the stored text, so a lookup checks it on the text as stored,
+before parsing it; a bundle entry is re-serialized first. Read back from disk,
 Redis or a bundle, an entry that is unsigned or whose signature does not
 verify is a miss (one warning), and ``import`` refuses it. The signature is an
 optional field: a prescreen without a secret reads signed entries as before.
@@ -17,6 +19,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,7 +31,8 @@ SIGNING_KEY_FILE_ENV = "PRESCREEN_SIGNING_KEY_FILE"
 MIN_KEY_BYTES = 16
 SIGNATURE_FIELD = "signature"
 _SCHEME = "hmac-sha256:"
-_UNSIGNED_FIELDS = frozenset({SIGNATURE_FIELD, "hits"})
+# "signature" sorts after every other field of an entry, so it closes the canonical text.
+_TAIL = re.compile(r',"signature":"(hmac-sha256:[0-9a-f]{64})"\}\Z')
 
 
 class BadSignature(ValueError):
@@ -48,20 +52,37 @@ class Signer:
     def __repr__(self) -> str:
         return "Signer(<secret>)"
 
+    def _mac(self, text: str) -> str:
+        return _SCHEME + hmac.new(self._key, text.encode("utf-8"), hashlib.sha256).hexdigest()
+
     def sign(self, payload: Mapping[str, object]) -> str:
-        """The signature of an entry payload (its ``key`` field and every field but hits and the signature)."""
-        body = {k: v for k, v in payload.items() if k not in _UNSIGNED_FIELDS}
-        text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
-        message = b"prescreen-entry\n" + str(payload.get("key", "")).encode() + b"\n" + text.encode()
-        return _SCHEME + hmac.new(self._key, message, hashlib.sha256).hexdigest()
+        """The signature of an entry payload: over its canonical text with hits 0 and no signature."""
+        body = {k: v for k, v in payload.items() if k != SIGNATURE_FIELD}
+        body["hits"] = 0
+        return self._mac(canonical(body))
 
     def verify(self, payload: Mapping[str, object]) -> None:
-        """Raise ``BadSignature`` unless ``payload`` carries this secret's signature."""
+        """Raise ``BadSignature`` unless ``payload`` (a parsed entry, e.g. from a bundle) carries our signature."""
         found = payload.get(SIGNATURE_FIELD)
         if found is None:
             raise BadSignature("entry is unsigned and a signing key is configured")
         if not isinstance(found, str) or not hmac.compare_digest(found, self.sign(payload)):
             raise BadSignature("entry's signature does not verify with the configured signing key")
+
+    def verify_text(self, text: str) -> None:
+        """Raise ``BadSignature`` unless stored ``text`` is canonical with our signature as its last field."""
+        match = _TAIL.search(text)
+        if match is None:
+            if f'"{SIGNATURE_FIELD}"' in text:
+                raise BadSignature("entry's signature is malformed")
+            raise BadSignature("entry is unsigned and a signing key is configured")
+        if not hmac.compare_digest(match.group(1), self._mac(text[: match.start()] + "}")):
+            raise BadSignature("entry's signature does not verify with the configured signing key")
+
+
+def canonical(payload: Mapping[str, object]) -> str:
+    """The one JSON text of an entry payload that is signed and stored (``Entry.to_json`` writes it)."""
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"))
 
 
 def _read_key_file(path: Path) -> bytes:
