@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import math
 from types import ModuleType
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from npu_wheel import CODEGEN_TRITON, NPU_CONFIG, WheelUnavailable, load_upstream_symbolic_grouping, upstream_source
 from strategies import PlanCase, plan_cases, upstream_meta
 
+from prescreen import footprint
 from prescreen.budget import Budget
 from prescreen.decision import decide
 from prescreen.errors import NotBounded
@@ -252,3 +254,27 @@ def test_config_ratio_default() -> None:
     default, *bounds = found[0]
     assert default == 0.25
     assert bounds in ([], [0.0, 1.0])
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=plan_cases(fail_closed=True))
+def test_numpy_path_matches_upstream(upstream: ModuleType, case: PlanCase) -> None:
+    """Drawn plans are small, so they take the list path above; here the numpy path is forced on them."""
+    with mock.patch.object(footprint, "_SMALL_GRID", 0):
+        mine = ours(case.payload)
+    other = theirs(upstream, case.payload)
+    if isinstance(mine, NotBounded) or isinstance(other, Exception):
+        assert isinstance(mine, NotBounded) and isinstance(other, Exception), (mine, other)
+        assert mine.reason == case.reason, (case.fault, mine)
+        return
+    fp, (_, up_fp) = mine[2], other
+    assert (fp.synthetic_bytes, fp.mutated_clone_bytes, fp.total_bytes, fp.group_bytes, fp.largest_group_id) == (
+        up_fp.synthetic_bytes, up_fp.mutated_clone_bytes, up_fp.total_bytes, tuple(up_fp.group_bytes),
+        up_fp.largest_group_id,
+    )
+    d, u = fp.dominant_arg, up_fp.dominant_arg
+    assert (d is None) == (u is None)
+    if d is not None:
+        assert (d.group_id, d.name, d.kind, d.dtype, d.size, d.stride, d.num_bytes) == (
+            u.group_id, u.name, u.kind, u.dtype, tuple(u.size), tuple(u.stride), u.num_bytes
+        )
