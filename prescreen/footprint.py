@@ -131,9 +131,11 @@ def _arg_bytes(arg: TensorArg | WorkspaceArg, env: Mapping[str, int]) -> tuple[t
 
 
 def _benchmark_args(plan: KernelPlan) -> list[TensorArg | WorkspaceArg]:
-    args = [a for a in plan.args if not isinstance(a, SizeArg)]
-    for arg in args:
-        if not isinstance(arg, (TensorArg, WorkspaceArg)):  # pragma: no cover - the plan model admits nothing else
+    args: list[TensorArg | WorkspaceArg] = []
+    for arg in plan.args:
+        if isinstance(arg, (TensorArg, WorkspaceArg)):
+            args.append(arg)
+        elif not isinstance(arg, SizeArg):  # pragma: no cover - the plan model admits nothing else
             raise NotBounded(Reason.INVALID_PLAN, f"unsupported arg {arg!r}")
     return args
 
@@ -659,12 +661,13 @@ def estimate_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
     """
     args = _benchmark_args(plan)
     groups = reps.groups
-    if not len(groups):
+    n_groups = len(groups)
+    if not n_groups:
         return Footprint(0, 0, 0, (), None, None)
     layout = _grid_layout(groups) if isinstance(groups, GroupGrid) else _generic_layout(groups)
     if layout is None:
         return reference_footprint(plan, reps)
-    if len(groups) <= _SMALL_GRID:
+    if n_groups <= _SMALL_GRID:
         return _small(plan, args, layout)
     try:
         return _vectorized(plan, args, layout, exact=False)
