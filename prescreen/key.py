@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import hashlib
+import threading
 from importlib import metadata
 
 from prescreen.budget import Budget
@@ -12,7 +14,7 @@ from prescreen.decision import ESTIMATOR_VERSION
 from prescreen.plan import KernelPlan, canonical_json
 
 #: Bumped whenever the stored entry layout changes.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the plan is one JSON string field of the entry, decoded only when needed
 
 
 @functools.cache
@@ -76,12 +78,71 @@ def family_hash(plan: KernelPlan) -> str:
     return _sha(family_payload(plan))
 
 
+#: How many distinct plans' hashes ``plan_hashes`` remembers (least recently used dropped first).
+HASH_MEMO_SIZE = 4096
+_by_value: collections.OrderedDict[KernelPlan, tuple[str, str]] = collections.OrderedDict()
+_by_id: dict[int, tuple[KernelPlan, tuple[str, str]]] = {}
+_memo_lock = threading.Lock()
+
+
+def plan_hashes(plan: KernelPlan) -> tuple[str, str]:
+    """``(plan hash, family hash)`` of ``plan``, computed once per distinct plan in this process.
+
+    Hashing the canonical JSON costs about as much as a store hit, so it is
+    remembered in a bounded LRU keyed by the (frozen, hashable) plan's value;
+    the same plan *object* is found by identity without even hashing its
+    fields (the entry holds the object, so its id cannot be reused meanwhile).
+    """
+    found = _by_id.get(id(plan))
+    if found is not None and found[0] is plan:
+        return found[1]
+    try:
+        with _memo_lock:
+            hashes = _by_value.get(plan)
+            if hashes is not None:
+                _by_value.move_to_end(plan)
+    except TypeError:  # a plan built by hand with a list inside is not hashable: no memo
+        return _hash_plan(plan)
+    if hashes is None:
+        hashes = _hash_plan(plan)
+    with _memo_lock:
+        _by_value[plan] = hashes
+        if len(_by_value) > HASH_MEMO_SIZE:
+            _by_value.popitem(last=False)
+        if len(_by_id) >= HASH_MEMO_SIZE:
+            _by_id.clear()  # identity is only the fast path; the value memo stays
+        _by_id[id(plan)] = (plan, hashes)
+    return hashes
+
+
+def _hash_plan(plan: KernelPlan) -> tuple[str, str]:
+    canonical = plan.canonical_payload()  # one encoding serves both hashes
+    return _sha(canonical), _sha(_family_of(canonical))
+
+
+_keys: dict[tuple[object, ...], tuple[str, KeyParts]] = {}
+
+
+def forget_plan_hashes() -> None:
+    """Empty the plan-hash and key memos (benchmarks use it to time a first lookup)."""
+    with _memo_lock:
+        _by_value.clear()
+        _by_id.clear()
+        _keys.clear()
+
+
 def build_key(plan: KernelPlan, budget: Budget) -> tuple[str, KeyParts]:
     """The store key for deciding ``plan`` under ``budget``, and its parts."""
-    canonical = plan.canonical_payload()  # one encoding serves both hashes
+    plan_hash, fam_hash = plan_hashes(plan)
+    # Types too: 1 == 1.0 == True, but the canonical JSON (so the key) tells them apart.
+    memo_key = (plan_hash, fam_hash, budget.device_kind, budget.total_memory, type(budget.total_memory),
+                budget.ratio, type(budget.ratio))
+    found = _keys.get(memo_key)
+    if found is not None:
+        return found
     parts = KeyParts(
-        plan_hash=_sha(canonical),
-        family_hash=_sha(_family_of(canonical)),
+        plan_hash=plan_hash,
+        family_hash=fam_hash,
         device_kind=budget.device_kind,
         total_memory=budget.total_memory,
         ratio=budget.ratio,
@@ -89,4 +150,9 @@ def build_key(plan: KernelPlan, budget: Budget) -> tuple[str, KeyParts]:
         estimator_version=ESTIMATOR_VERSION,
         versions=library_versions(),
     )
-    return parts.digest(), parts
+    result = (parts.digest(), parts)
+    with _memo_lock:
+        if len(_keys) >= HASH_MEMO_SIZE:
+            _keys.clear()
+        _keys[memo_key] = result
+    return result

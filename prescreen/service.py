@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable
 
 from prescreen.budget import Budget
@@ -24,7 +26,8 @@ class Counters:
     """Per-process counts the hooks and ``warm`` report."""
 
     lookups: int = 0
-    hits: int = 0
+    hits: int = 0  # store hits, including those answered from the in-process memo
+    memo_hits: int = 0  # of ``hits``: answered from memory without reading the store
     estimator_calls: int = 0
     stored: int = 0
     tuned: int = 0
@@ -60,6 +63,53 @@ class Outcome:
     entry: Entry | None
 
 
+#: How many decisions the in-process memo keeps per store (least recently used dropped first).
+MEMO_SIZE = 4096
+# Per store object (dropped with it): key -> the entry that store holds under that key, as far
+# as this process knows: filled by a valid hit and by a put that stored, replaced or removed by
+# every put made through this module (so an observed_oom recorded here is seen at once). Changes
+# made by other processes (or directly on the store object) are not seen until the process restarts
+# or ``forget`` is called; an observed_oom recorded elsewhere is re-recorded here if it happens here.
+_memo: weakref.WeakKeyDictionary[Store, collections.OrderedDict[str, Entry]] = weakref.WeakKeyDictionary()
+
+
+def forget(store: Store | None = None) -> None:
+    """Drop the in-process memo of ``store``'s decisions (of every store when None)."""
+    with _lock:
+        if store is None:
+            _memo.clear()
+        else:
+            _memo.pop(store, None)
+
+
+def _remember(store: Store, key: str, entry: Entry | None) -> None:
+    """Record what ``store`` now holds under ``key`` (``None``: not known, read it next time)."""
+    with _lock:
+        memo = _memo.get(store)
+        if memo is None:
+            if entry is None:
+                return
+            memo = _memo[store] = collections.OrderedDict()
+        if entry is None:
+            memo.pop(key, None)
+            return
+        memo[key] = entry
+        memo.move_to_end(key)
+        if len(memo) > MEMO_SIZE:
+            memo.popitem(last=False)
+
+
+def _recall(store: Store, key: str) -> Entry | None:
+    with _lock:
+        memo = _memo.get(store)
+        if memo is None:
+            return None
+        entry = memo.get(key)
+        if entry is not None:
+            memo.move_to_end(key)
+        return entry
+
+
 def lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, *, write: bool = True) -> Outcome:
     """The decision for ``plan`` under ``budget``: from ``store`` on a hit, else computed (and stored)."""
     start = time.perf_counter()
@@ -75,11 +125,26 @@ def _lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, wri
     # A computed decision is only ever *added* (``Store.put`` keeps a valid entry already
     # there), so a stored observed_oom fallback is never overwritten by a computed tune.
     key, parts = build_key(plan, budget)
+    if store is not None:
+        entry = _recall(store, key)
+        if entry is not None:
+            store.hits += 1  # the store's own per-entry hit counts (``inspect``) see store reads only
+            with _lock:
+                COUNTERS.lookups += 1
+                COUNTERS.hits += 1
+                COUNTERS.memo_hits += 1
+                COUNTERS.count(entry.decision)
+            return _observed(Outcome(key, entry.decision, True, entry), plan)
     with _lock:
         COUNTERS.lookups += 1
     if store is not None:
         entry = store.get(key)
+        if entry is not None and entry.dynamic != plan.is_dynamic:
+            # The key matches this plan, so the stored flag was tampered with: a miss.
+            store.warn_once("invalid entry", f"key {key[:12]}: dynamic flag does not match the plan")
+            entry = None
         if entry is not None:
+            _remember(store, key, entry)
             with _lock:
                 COUNTERS.hits += 1
                 COUNTERS.count(entry.decision)
@@ -90,9 +155,13 @@ def _lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, wri
     decision = decide_with(plan, reps, budget)
     family = None if isinstance(reps, NotBounded) else family_summary(reps)
     entry = Entry.new(key, parts, plan, family, decision)
-    if store is not None and write and store.put(entry):
-        with _lock:
-            COUNTERS.stored += 1
+    if store is not None and write:
+        stored = store.put(entry)
+        # False: a valid entry got there first (maybe another process's observed_oom); read it next time.
+        _remember(store, key, entry if stored else None)
+        if stored:
+            with _lock:
+                COUNTERS.stored += 1
     with _lock:
         COUNTERS.count(decision)
     return _observed(Outcome(key, decision, False, entry), plan)
@@ -180,6 +249,8 @@ def record_observed_oom(
     family = None if isinstance(reps, NotBounded) else family_summary(reps)
     entry = Entry.new(key, parts, plan, family, decision)
     stored = store is not None and _put_observed(store, entry)
+    if store is not None:
+        _remember(store, key, entry if stored else None)
     with _lock:
         COUNTERS.observed_oom += 1
         if stored:

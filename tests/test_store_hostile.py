@@ -48,7 +48,7 @@ HOSTILE: dict[str, Callable[[str], str]] = {
         if not (path == ["created_at"] and number in ("-1", "1e18"))  # plain numbers there are valid times
     },
     "nested-100000": lambda text: "[" * 100_000 + "]" * 100_000,
-    "nested-in-plan": lambda text: text.replace('"plan":{', '"plan":{"x":' + "[" * 5000 + "]" * 5000 + ",", 1),
+    "nested-in-family": lambda text: text.replace('"family":{', '"family":{"x":' + "[" * 5000 + "]" * 5000 + ",", 1),
     "over-the-cap": lambda text: text[:-1] + ',"pad":"' + "x" * (MAX_ENTRY_BYTES + 1) + '"}',
     "versions-not-strings": lambda text: _set(["parts", "versions"], '{"torch":[1,2]}')(text),
     "top-level-array": lambda text: "[1,2,3]",
@@ -191,7 +191,7 @@ def bundle_text(entries: list[str]) -> str:
     return head + ',"entries":[' + ",".join(entries) + "]}"
 
 
-UNREADABLE = ["nested-100000", "nested-in-plan", "over-the-cap"]  # no entry boundary to skip to: refused whole
+UNREADABLE = ["nested-100000", "nested-in-family", "over-the-cap"]  # no entry boundary to skip to: refused whole
 
 
 def test_import_skips_hostile_entries_in_one_summary_line(tmp_path: Path, caplog) -> None:

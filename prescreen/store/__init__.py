@@ -9,6 +9,7 @@ only); the local directory is ``default_cache_dir()`` unless given.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from prescreen.errors import ConfigError
 from prescreen.store.base import Store, StoreStats
@@ -26,9 +27,23 @@ from prescreen.store.clear import (
 from prescreen.store.disk import DiskStore, default_cache_dir, resolve_size_limit
 from prescreen.store.entry import Entry, InvalidEntry
 from prescreen.store.null import NullStore
-from prescreen.store.redis_store import REDIS_URL_ENV, RedisStore
 from prescreen.store.tiered import TieredStore
 from prescreen.store.verify import verify_entry
+
+if TYPE_CHECKING:
+    from prescreen.store.redis_store import RedisStore
+
+# redis-py costs ~80 ms to import: ``RedisStore`` is loaded on first use (a Redis URL configured,
+# or the name imported), never by ``import prescreen.store``.
+REDIS_URL_ENV = "PRESCREEN_REDIS_URL"  # the same name as prescreen.store.redis_store.REDIS_URL_ENV
+
+
+def __getattr__(name: str) -> object:
+    if name == "RedisStore":
+        from prescreen.store.redis_store import RedisStore
+
+        return RedisStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 CACHE_ENV = "PRESCREEN_CACHE"
 LOCAL_TIER_ENV = "PRESCREEN_REDIS_LOCAL_TIER"
@@ -84,6 +99,8 @@ def open_store(
     url = redis_url or os.environ.get(REDIS_URL_ENV, "").strip() or None
     if url is None:
         return DiskStore(cache_dir, size_limit=size_limit)
+    from prescreen.store.redis_store import RedisStore
+
     if not _switch(LOCAL_TIER_ENV):
         return RedisStore(url)
     local = DiskStore(cache_dir, size_limit=size_limit)

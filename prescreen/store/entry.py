@@ -1,4 +1,14 @@
-"""A stored decision: JSON text, validated on the way back in."""
+"""A stored decision: JSON text, validated on the way back in.
+
+Schema 2 keeps the plan apart from the decision inside the entry: the plan is
+one JSON *string* field (its canonical text), so a lookup's JSON parse skips
+over it as a single string instead of building ~5 KB of nested objects, and
+only listings, imports, bundles and ``inspect --verify`` decode it (``Entry.plan``).
+The signature covers the whole text, plan included. ``dynamic`` (the plan has
+an axis without a static value) is stored beside the decision so a hit can check
+the decision's ``enable_auto_blockify`` without decoding the plan; wherever the
+plan is decoded, ``dynamic`` must match it.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +22,7 @@ from collections.abc import Mapping
 
 from prescreen.decision import Decision
 from prescreen.key import SCHEMA_VERSION, KeyParts, family_hash
-from prescreen.plan import KernelPlan, has_dynamic_axis
+from prescreen.plan import KernelPlan, canonical_json
 from prescreen.store.signing import SIGNATURE_FIELD, BadSignature, Signer, canonical
 
 MAX_ENTRY_BYTES = 4 * 2**20  # an entry's JSON text is a few KiB; anything above this cap is refused unread
@@ -34,7 +44,8 @@ class Entry:
     key: str
     parts: KeyParts
     kernel: str
-    plan: dict[str, object]
+    plan_text: str  # canonical JSON text of the plan payload, decoded on demand (``plan``)
+    dynamic: bool
     family: dict[str, object] | None
     decision: Decision
     created_at: float
@@ -51,13 +62,19 @@ class Entry:
             key=key,
             parts=parts,
             kernel=plan.display_name,
-            plan=plan.to_payload(),
+            plan_text=canonical_json(plan.to_payload()),
+            dynamic=plan.is_dynamic,
             family=family,
             decision=decision,
             created_at=time.time(),
             host=socket.gethostname(),
             pid=os.getpid(),
         )
+
+    @property
+    def plan(self) -> dict[str, object]:
+        """The stored plan payload, decoded (and depth-checked) on each access; raises ``InvalidEntry``."""
+        return _decode_plan(self.plan_text)
 
     def with_hits(self, hits: int) -> "Entry":
         return dataclasses.replace(self, hits=hits)
@@ -68,7 +85,8 @@ class Entry:
             "key": self.key,
             "parts": self.parts.to_payload(),
             "kernel": self.kernel,
-            "plan": self.plan,
+            "plan": self.plan_text,
+            "dynamic": self.dynamic,
             "family": self.family,
             "decision": self.decision.to_payload(),
             "created_at": self.created_at,
@@ -133,15 +151,19 @@ class Entry:
             )
             key = _str(d, "key")
             decision = Decision.from_payload(d["decision"])
-            plan = d["plan"]
+            plan_text = _str(d, "plan")
+            dynamic = d["dynamic"]
+            if type(dynamic) is not bool:
+                raise InvalidEntry(f"dynamic must be true or false, got {str(dynamic)[:40]}")
             family = d["family"]
-            if not isinstance(plan, dict) or (family is not None and not isinstance(family, dict)):
-                raise InvalidEntry("plan/family must be JSON objects")
+            if family is not None and not isinstance(family, dict):
+                raise InvalidEntry("family must be a JSON object")
             entry = Entry(
                 key=key,
                 parts=parts,
                 kernel=_str(d, "kernel"),
-                plan=plan,
+                plan_text=plan_text,
+                dynamic=dynamic,
                 family=family,
                 decision=decision,
                 created_at=_finite(d, "created_at"),
@@ -160,19 +182,18 @@ class Entry:
         if decision.estimator_version != parts.estimator_version:
             raise InvalidEntry("decision and key disagree on the estimator version")
         if expected_key is None:
-            # A listing, an import or a bundle: re-derive the hashes from the stored plan. (On a
-            # lookup, depth is bounded by the JSON parser's recursion limit, caught as invalid.)
-            _check_depth(plan, "plan")
+            # A listing, an import or a bundle: decode the stored plan and re-derive the hashes
+            # and the dynamic flag from it. (On a lookup, the family's depth is bounded by the
+            # JSON parser's recursion limit, caught as invalid.)
             _check_depth(family, "family")
-            stored_plan = KernelPlan.from_payload(plan)
+            stored_plan = KernelPlan.from_payload(_decode_plan(plan_text))
             if stored_plan.plan_hash() != parts.plan_hash or family_hash(stored_plan) != parts.family_hash:
                 raise InvalidEntry("stored plan does not hash to the key's plan and family hashes")
-            dynamic = stored_plan.is_dynamic
-        else:
-            # A lookup: the caller derived ``expected_key`` from its own plan, and the key is
-            # the digest of the parts, so the parts' hashes are the caller's plan's. The stored
-            # plan payload is informational here; re-hashing it would cost more than the lookup.
-            dynamic = _is_dynamic(plan)
+            if stored_plan.is_dynamic != dynamic:
+                raise InvalidEntry("entry's dynamic flag does not match its stored plan")
+        # On a lookup the caller derived ``expected_key`` from its own plan, and the key is the
+        # digest of the parts, so the parts' hashes are the caller's plan's; the stored plan text
+        # is not decoded (the service checks ``dynamic`` against the caller's plan).
         check_decision(decision, parts, dynamic)
         return entry
 
@@ -265,12 +286,13 @@ def _check_depth(value: object, what: str) -> None:
             stack.extend((v, depth + 1) for v in item if isinstance(v, (dict, list)))
 
 
-def _is_dynamic(plan: dict[str, object]) -> bool:
-    """``KernelPlan.is_dynamic`` read off a stored payload without parsing it."""
-    try:
-        return has_dynamic_axis(plan.get("axis_names", []), plan.get("axis_static_values", []))  # type: ignore[arg-type]
-    except (TypeError, IndexError, KeyError):
-        raise InvalidEntry("stored plan has malformed axes") from None
+def _decode_plan(text: str) -> dict[str, object]:
+    """The plan payload in an entry's plan text: a JSON object nesting at most ``MAX_DEPTH`` levels."""
+    plan = parse_json(text)
+    if not isinstance(plan, dict):
+        raise InvalidEntry(f"stored plan must be a JSON object, got {type(plan).__name__}")
+    _check_depth(plan, "plan")
+    return plan
 
 
 def check_decision(decision: Decision, parts: KeyParts, dynamic: bool) -> None:

@@ -1,0 +1,210 @@
+"""Schema 2: the plan kept apart from the decision (a JSON string field), the in-process decision memo
+and the plan-hash memo (issue 15)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_store_support import BUDGET, make_entry, make_plan, plan_payload
+
+from prescreen import service
+from prescreen.decision import decide, is_observed_oom
+from prescreen.key import SCHEMA_VERSION, _hash_plan, build_key, forget_plan_hashes, plan_hashes
+from prescreen.plan import KernelPlan
+from prescreen.service import COUNTERS, lookup_or_decide, record_observed_oom
+from prescreen.store import DiskStore, export_bundle, import_bundle, verify_entry
+from prescreen.store.entry import Entry, InvalidEntry
+
+SEED = 3
+
+
+def _edit(text: str, **fields: object) -> str:
+    d = json.loads(text)
+    d.update(fields)
+    return json.dumps(d)
+
+
+def test_the_plan_is_one_string_field_and_round_trips() -> None:
+    entry = make_entry(SEED)
+    stored = json.loads(entry.to_json())
+    assert stored["schema_version"] == SCHEMA_VERSION == 2
+    assert isinstance(stored["plan"], str)
+    assert stored["dynamic"] is make_plan(SEED).is_dynamic is True  # x0 and r0 have no static value
+    assert KernelPlan.from_payload(entry.plan) == make_plan(SEED)
+    assert Entry.from_json(entry.to_json()) == entry  # a listing decodes and re-hashes the plan
+
+
+def test_dynamic_flag_is_the_plans() -> None:
+    payload = plan_payload(SEED)
+    payload["axis_static_values"] = [["x0", 64], ["r0", 64], ["s0", 4]]
+    plan = KernelPlan.from_payload(payload)
+    entry = lookup_or_decide(plan, BUDGET, None).entry
+    assert entry is not None and entry.dynamic is plan.is_dynamic is False
+
+
+def test_a_hit_does_not_decode_the_plan(tmp_path: Path) -> None:
+    """Garbage plan text still serves a lookup (the key came from the caller's plan), not a verify or an import."""
+    entry = make_entry(SEED)
+    with DiskStore(tmp_path) as store:
+        assert store._cache is not None
+        store._cache.set(entry.key, _edit(entry.to_json(), plan="[" * 5000))
+        got = store.get(entry.key)
+        assert got is not None and got.decision == decide(make_plan(SEED), BUDGET)
+        with pytest.raises(InvalidEntry):
+            got.plan  # noqa: B018
+        assert not verify_entry(got)
+        assert export_bundle(store, tmp_path / "b.json") == 1
+    with DiskStore(tmp_path / "other") as other:
+        assert import_bundle(other, tmp_path / "b.json") == (0, 1)  # the import decodes and re-hashes the plan
+
+
+def test_a_dynamic_flag_that_disagrees_with_the_plan_is_invalid_wherever_the_plan_is_read(tmp_path: Path) -> None:
+    entry = make_entry(SEED)
+    forged = _edit(entry.to_json(), dynamic=not entry.dynamic)
+    with pytest.raises(InvalidEntry, match="dynamic flag"):
+        Entry.from_json(forged)
+    with DiskStore(tmp_path) as store:
+        assert store._cache is not None
+        store._cache.set(entry.key, forged)
+        outcome = lookup_or_decide(make_plan(SEED), BUDGET, store)  # the service checks it against its plan
+        assert not outcome.hit and outcome.decision == decide(make_plan(SEED), BUDGET)
+
+
+def test_old_schema_entries_are_misses(tmp_path: Path) -> None:
+    entry = make_entry(SEED)
+    old = _edit(entry.to_json(), schema_version=1, plan=entry.plan)  # schema 1 embedded the plan object
+    with DiskStore(tmp_path) as store:
+        assert store._cache is not None
+        store._cache.set(entry.key, old)
+        assert store.get(entry.key) is None
+        outcome = lookup_or_decide(make_plan(SEED), BUDGET, store)
+        assert not outcome.hit
+        assert store.get(entry.key) is not None  # the invalid value was replaced
+
+
+def test_plan_stored_apart_still_verifies_exports_and_imports(tmp_path: Path) -> None:
+    with DiskStore(tmp_path / "a") as a:
+        for seed in range(4):
+            lookup_or_decide(make_plan(seed), BUDGET, a)
+        stored = sorted(a.entries(), key=lambda e: e.key)
+        assert len(stored) == 4 and all(verify_entry(e) for e in stored)
+        assert export_bundle(a, tmp_path / "b.json") == 4
+    with DiskStore(tmp_path / "c") as c:
+        assert import_bundle(c, tmp_path / "b.json") == (4, 0)
+        again = sorted(c.entries(), key=lambda e: e.key)
+        assert [(e.key, e.decision, e.plan) for e in again] == [(e.key, e.decision, e.plan) for e in stored]
+        assert all(verify_entry(e) for e in again)
+
+
+def test_verify_detects_a_decision_that_differs_from_a_fresh_one() -> None:
+    entry = make_entry(SEED)
+    other = dataclasses.replace(entry.decision, reason=entry.decision.reason + " (edited)")
+    assert verify_entry(entry) and not verify_entry(dataclasses.replace(entry, decision=other))
+
+
+def test_repeated_lookups_answer_from_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = make_plan(SEED)
+    with DiskStore(tmp_path) as store:
+        first = lookup_or_decide(plan, BUDGET, store)
+        reads: list[str] = []
+        real_get = store.get
+        monkeypatch.setattr(store, "get", lambda key: reads.append(key) or real_get(key))
+        before = COUNTERS.memo_hits
+        second = lookup_or_decide(plan, BUDGET, store)
+        third = lookup_or_decide(make_plan(SEED), BUDGET, store)  # an equal plan, another object
+        assert reads == []
+        assert COUNTERS.memo_hits == before + 2
+        assert (first.hit, second.hit, third.hit) == (False, True, True)
+        assert second.decision == third.decision == first.decision == decide(plan, BUDGET)
+    with DiskStore(tmp_path) as reopened:  # another store object has its own memo: it reads
+        before = reopened.hits
+        assert lookup_or_decide(plan, BUDGET, reopened).hit and reopened.hits == before + 1
+
+
+def test_memo_is_replaced_on_put_so_an_observed_oom_is_seen_at_once(tmp_path: Path) -> None:
+    plan = make_plan(SEED)
+    with DiskStore(tmp_path) as store:
+        tuned = lookup_or_decide(plan, BUDGET, store)
+        assert tuned.decision.tune and lookup_or_decide(plan, BUDGET, store).hit  # memoised
+        record_observed_oom(plan, BUDGET, store, requested_bytes=1, free_bytes=2)
+        after = lookup_or_decide(plan, BUDGET, store)
+        assert after.hit and is_observed_oom(after.decision) and not after.decision.tune
+        assert COUNTERS.memo_hits > 0
+        stored = store.get(after.key)
+        assert stored is not None and stored.decision == after.decision
+
+
+def test_memo_is_dropped_when_a_put_does_not_store(tmp_path: Path) -> None:
+    """Another process's entry got there first: the next lookup reads the store, not the memo."""
+    plan = make_plan(SEED)
+    with DiskStore(tmp_path) as store:
+        observed = record_observed_oom(plan, BUDGET, None, requested_bytes=1, free_bytes=2).entry
+        assert observed is not None
+        service._remember(store, observed.key, None)
+        key = observed.key
+        real_put = store.put
+
+        def racing_put(entry: Entry) -> bool:
+            real_put(observed)  # "another process" stores its observed_oom first
+            return real_put(entry)
+
+        store.put = racing_put  # type: ignore[method-assign]
+        computed = lookup_or_decide(plan, BUDGET, store)
+        assert not computed.hit and computed.decision.tune
+        again = lookup_or_decide(plan, BUDGET, store)
+        assert again.hit and is_observed_oom(again.decision) and again.key == key
+
+
+def test_forget_drops_the_memo(tmp_path: Path) -> None:
+    plan = make_plan(SEED)
+    with DiskStore(tmp_path) as store:
+        lookup_or_decide(plan, BUDGET, store)
+        store.delete([build_key(plan, BUDGET)[0]])
+        assert lookup_or_decide(plan, BUDGET, store).hit  # memo: a delete made beside the service is not seen
+        service.forget(store)
+        assert not lookup_or_decide(plan, BUDGET, store).hit
+
+
+def test_plan_hashes_are_memoised_and_equal_a_fresh_hash() -> None:
+    forget_plan_hashes()
+    plan = make_plan(SEED, n_args=5)
+    assert plan_hashes(plan) == _hash_plan(plan) == plan_hashes(make_plan(SEED, n_args=5))
+    assert plan_hashes(plan)[0] == plan.plan_hash()
+    renamed = dataclasses.replace(plan, kernel_name="other")  # not hashed: same key
+    assert build_key(renamed, BUDGET) == build_key(plan, BUDGET)
+    assert build_key(make_plan(SEED + 1), BUDGET)[0] != build_key(plan, BUDGET)[0]
+
+
+def test_key_memo_tells_a_float_ratio_from_an_int_one() -> None:
+    one_float = dataclasses.replace(BUDGET, ratio=1.0)
+    one_int = dataclasses.replace(BUDGET, ratio=1)
+    plan = make_plan(SEED)
+    assert build_key(plan, one_float)[1].ratio == 1.0 and type(build_key(plan, one_int)[1].ratio) is int
+
+
+def test_an_unhashable_hand_built_plan_is_keyed_without_the_memo() -> None:
+    plan = make_plan(SEED)
+    odd = dataclasses.replace(plan, mutated_arg_names=["in_ptr0"])  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        hash(odd)
+    assert build_key(odd, BUDGET)[0] == build_key(plan, BUDGET)[0]
+
+
+def test_importing_the_store_does_not_import_redis() -> None:
+    code = "import sys, prescreen.store; print('redis' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PATH": "/usr/bin:/bin"})
+    assert out.stdout.strip() == "False"
+
+
+def test_redis_url_env_names_agree() -> None:
+    import prescreen.store
+    from prescreen.store import redis_store
+
+    assert prescreen.store.REDIS_URL_ENV == redis_store.REDIS_URL_ENV
+    assert prescreen.store.RedisStore is redis_store.RedisStore
