@@ -52,18 +52,21 @@ class FloorDiv:
 
 Expr = Union[Const, Axis, RuntimeArg, Mul, Add, FloorDiv]
 
-_NARY = {"mul": Mul, "add": Add}
+_NARY: dict[str, type[Mul] | type[Add]] = {"mul": Mul, "add": Add}
 
 
-def _is_sympy_integer(value: object) -> bool:
-    """A sympy Integer, without importing sympy: if it is not loaded, nothing is one (reading a store stays fast)."""
+def _sympy_int(value: object) -> int | None:
+    """The value of a sympy Integer, else None; never imports sympy (if it is not loaded, nothing is one)."""
     loaded = sys.modules.get("sympy")
-    return loaded is not None and isinstance(value, loaded.Integer)
+    if loaded is not None and isinstance(value, loaded.Integer):
+        return int(value)
+    return None
 
 
 def _int(value: object, what: str) -> int:
-    if _is_sympy_integer(value):
-        return int(value)
+    as_int = _sympy_int(value)
+    if as_int is not None:
+        return as_int
     if isinstance(value, bool) or not isinstance(value, int):
         raise NotBounded(Reason.UNKNOWN_EXPR, f"{what} must be an int, got {value!r}")
     return int(value)
@@ -73,8 +76,9 @@ def expr_from_payload(payload: object) -> Expr:
     """Parse one payload expression; an unknown node raises ``NotBounded``."""
     if isinstance(payload, int) and not isinstance(payload, bool):
         return Const(int(payload))
-    if _is_sympy_integer(payload):
-        return Const(int(payload))
+    as_int = _sympy_int(payload)
+    if as_int is not None:
+        return Const(as_int)
     if not isinstance(payload, Mapping) or len(payload) != 1:
         raise NotBounded(Reason.UNKNOWN_EXPR, f"unsupported expression node {payload!r}")
     ((key, value),) = payload.items()
