@@ -6,14 +6,15 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NoReturn, Union
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, NoReturn, Union
 
 from prescreen.errors import NotBounded, Reason
 from prescreen.expr import Add, Axis, Const, Expr, FloorDiv, Mul, evaluate
 from prescreen.plan import KernelPlan, SizeArg, TensorArg, WorkspaceArg
 from prescreen.representatives import Group, GroupGrid, Representatives
+
+if TYPE_CHECKING:  # numpy loads with the first large grid: reading a store never pays for it
+    import numpy as np
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -237,6 +238,8 @@ class _Evaluator:
     """Evaluates expressions over a layout; records where floordiv meets zero."""
 
     def __init__(self, layout: _Layout, exact: bool) -> None:
+        import numpy as np
+
         self.exact = exact
         self.dtype: Any = object if exact else np.int64
         self.cols: dict[str, tuple[Column, int]] = {}
@@ -260,6 +263,8 @@ class _Evaluator:
 
     def ev(self, expr: Expr) -> tuple[Column, int]:
         """Value (an int, or an array broadcastable over the grid) and a bound of its magnitude."""
+        import numpy as np
+
         kind = type(expr)
         if kind is Const:
             v = expr.value  # type: ignore[union-attr]
@@ -299,6 +304,8 @@ class _Evaluator:
 
     def numel(self, arg: TensorArg | WorkspaceArg) -> tuple[Column, int, Column]:
         """Elements of ``arg`` per group (int or array), a bound of them, and where it fails (bool or mask)."""
+        import numpy as np
+
         self.fail = False
         if isinstance(arg, WorkspaceArg):
             count, bound = self.ev(arg.count)
@@ -332,6 +339,8 @@ class _Evaluator:
 
 def _first(mask: Column, shape: tuple[int, ...]) -> int:
     """Flat index (C order over the grid) of the first group where ``mask`` holds; -1 if none."""
+    import numpy as np
+
     if isinstance(mask, (bool, int, np.bool_)):
         return 0 if mask else -1
     if not mask.any():
@@ -342,6 +351,8 @@ def _first(mask: Column, shape: tuple[int, ...]) -> int:
 def _vectorized(
     plan: KernelPlan, args: list[TensorArg | WorkspaceArg], layout: _Layout, exact: bool
 ) -> Footprint:
+    import numpy as np
+
     shape = layout.shape
     n_groups = math.prod(shape)
     ev = _Evaluator(layout, exact)
