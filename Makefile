@@ -19,8 +19,7 @@ venv: $(VPY)
 # Build the wheel and install it (with the test tools) non-editable into the venv.
 install: $(VPY)
 	rm -rf dist build
-	$(VPY) -m pip wheel $(PIP_FLAGS) --no-deps --no-build-isolation -w dist . 2>/dev/null \
-		|| $(VPY) -m pip wheel $(PIP_FLAGS) --no-deps -w dist .
+	$(VPY) -m pip wheel $(PIP_FLAGS) --no-deps -w dist .
 	$(VPY) -m pip install $(PIP_FLAGS) "$(TORCH_PIN)" "$$(ls dist/prescreen-*.whl)[test]"
 	$(VPY) -m pip install $(PIP_FLAGS) --force-reinstall --no-deps dist/prescreen-*.whl
 	rm -rf build
