@@ -1,10 +1,16 @@
-"""Store latency and throughput: get (hit) and put on DiskStore and RedisStore versus recomputing the decision.
+"""Lookup cost versus recomputing the decision, store latencies and throughput.
 
-Run: ``python bench/bench_store.py``. Prints machine info, p50/p99 latencies
-for a mid-size plan (16 args, 2 features x 8 buckets) and a large one
-(64 args, 2 features x 16 buckets), the recompute/hit ratios, and lookups/s
-with 1, 2, 4 and 8 processes on one DiskStore. Redis is started on loopback
-if ``redis-server`` is on PATH (its column is skipped otherwise).
+Run: ``python bench/bench_store.py``. Prints machine info, then for each plan
+size (one-feature plans of 1 and 16 args, a mid plan of 16 args x 81 groups and
+a large one of 64 args x 289 groups) p50/p99 latencies of: recomputing the
+decision; the first lookup of a plan in a process (hash the plan, read and
+validate the entry: the memos emptied before each sample); a repeated lookup
+of the same plan object and of an equal plan built anew (answered from the
+in-process memo); and the raw disk/Redis get and put. Ratios recompute/lookup
+are taken within the run. Then store reads/s with 1, 2, 4 and 8 processes on
+one DiskStore (the decision memo emptied before every lookup, so each one
+reads the store). Redis is started on loopback if ``redis-server`` is on PATH
+(its rows are skipped otherwise).
 """
 
 from __future__ import annotations
@@ -29,20 +35,31 @@ import torch
 
 from prescreen.budget import Budget
 from prescreen.decision import decide
-from prescreen.key import build_key
+from prescreen.key import build_key, forget_plan_hashes
 from prescreen.plan import KernelPlan
-from prescreen.service import lookup_or_decide
+from prescreen.service import forget, lookup_or_decide
 from prescreen.store import DiskStore, RedisStore, Store
 from prescreen.store.entry import Entry
 
 BUDGET = Budget("npu", 64 * 2**30, 0.25)
-SIZES = {"mid": (16, 8), "large": (64, 16)}  # (tensor args, buckets per feature)
-ITERATIONS = {"mid": {"decide": 40, "put": 60, "get": 400}, "large": {"decide": 8, "put": 12, "get": 80}}
+SIZES = {  # (tensor args, buckets per feature, features)
+    "1f-1": (1, 4, 1),
+    "1f-16": (16, 8, 1),
+    "mid": (16, 8, 2),
+    "large": (64, 16, 2),
+}
+ITERATIONS = {
+    "1f-1": {"decide": 200, "put": 60, "get": 400},
+    "1f-16": {"decide": 100, "put": 60, "get": 400},
+    "mid": {"decide": 60, "put": 60, "get": 400},
+    "large": {"decide": 20, "put": 12, "get": 80},
+}
+MEMO_SAMPLES = 4000
 THROUGHPUT_SECONDS = 2.0
 
 
-def plan(seed: int, n_args: int, n_buckets: int) -> KernelPlan:
-    """A grouped plan over x0 (primary axis) and r0 (axis), static s0 varying with ``seed``."""
+def plan(seed: int, n_args: int, n_buckets: int, n_features: int = 2) -> KernelPlan:
+    """A grouped plan over x0 (primary axis) and r0 (axis; with 2 features), static s0 varying with ``seed``."""
     x, r, s = {"axis_name": "x0"}, {"axis_name": "r0"}, {"axis_name": "s0"}
     buckets = [2 ** (4 + i) for i in range(n_buckets)]
     args = [
@@ -57,15 +74,16 @@ def plan(seed: int, n_args: int, n_buckets: int) -> KernelPlan:
         }
         for i in range(n_args)
     ]
+    features = [
+        {"name": "x", "source": "primary_axis", "axis_names": ["x0"], "buckets": buckets},
+        {"name": "r", "source": "axis", "axis_names": ["r0"], "buckets": buckets},
+    ][:n_features]
     return KernelPlan.from_payload(
         {
             "kernel_name": f"triton_red_fused_{seed}",
-            "group_features": [
-                {"name": "x", "source": "primary_axis", "axis_names": ["x0"], "buckets": buckets},
-                {"name": "r", "source": "axis", "axis_names": ["r0"], "buckets": buckets},
-            ],
+            "group_features": features,
             "axis_names": ["x0", "r0", "s0"],
-            "axis_static_values": [["s0", 1 + seed]],
+            "axis_static_values": [["s0", 1 + seed]] + ([["r0", 512]] if n_features == 1 else []),
             "ordered_arg_specs": args,
             "mutated_arg_names": ["in_ptr0"],
         }
@@ -143,16 +161,47 @@ def store_latency(store: Store, entries: list[Entry], gets: int) -> tuple[list[f
     return puts, hits
 
 
+def first_lookups(store: Store, plans: list[KernelPlan], n: int) -> list[float]:
+    """A plan's first lookup in a process, on a warm store: plan hash + read + validate (memos emptied first)."""
+    out = []
+    for i in range(n):
+        p = plans[i % len(plans)]
+        forget_plan_hashes()
+        forget(store)
+        start = time.perf_counter()
+        got = lookup_or_decide(p, BUDGET, store)
+        out.append(time.perf_counter() - start)
+        assert got.hit
+    return out
+
+
+def memo_lookups(store: Store, plans: list[KernelPlan], n: int, fresh_objects: bool) -> list[float]:
+    """Repeated lookups answered from the in-process memo: the same plan objects, or equal plans built anew."""
+    for p in plans:
+        assert lookup_or_decide(p, BUDGET, store).hit
+    out = []
+    for i in range(n):
+        p = plans[i % len(plans)]
+        if fresh_objects:
+            p = KernelPlan.from_payload(p.to_payload())  # not timed: the hook builds its plan anyway
+        start = time.perf_counter()
+        got = lookup_or_decide(p, BUDGET, store)
+        out.append(time.perf_counter() - start)
+        assert got.hit
+    return out
+
+
 def _throughput_worker(directory: str, seeds: list[int], barrier: object, results: object) -> None:
     plans = [plan(s, *SIZES["mid"]) for s in seeds]
     with DiskStore(directory) as store:
-        barrier.wait()
+        barrier.wait()  # type: ignore[attr-defined]
         deadline = time.perf_counter() + THROUGHPUT_SECONDS
         done = 0
         while time.perf_counter() < deadline:
+            forget(store)  # every lookup reads the store (the plan hashes stay memoised)
             assert lookup_or_decide(plans[done % len(plans)], BUDGET, store).hit
             done += 1
-    results.put(done)
+    results.put(done)  # type: ignore[attr-defined]
 
 
 def throughput(directory: str, seeds: list[int], procs: int) -> float:
@@ -173,6 +222,10 @@ def redis_version(url: str | None) -> str:
     return str(redis.Redis.from_url(url).info("server")["redis_version"])
 
 
+GOALS = {"mid": 200.0}  # recompute / repeated lookup; 50x for every other plan
+DEFAULT_GOAL = 50.0
+
+
 def main() -> None:
     started = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="bench-store-"))
@@ -183,41 +236,55 @@ def main() -> None:
             f" | redis-py {metadata.version('redis')} | redis-server {redis_version(url)}"
         )
         rows = []
-        for size, (n_args, n_buckets) in SIZES.items():
+        for size, shape in SIZES.items():
             it = ITERATIONS[size]
-            p = plan(0, n_args, n_buckets)
-            groups = (n_buckets + 1) ** 2
+            n_args, n_buckets, n_features = shape
+            p = plan(0, *shape)
+            groups = (n_buckets + 1) ** n_features
             recompute = timed(lambda p=p: decide(p, BUDGET), it["decide"])
-            keying = timed(lambda p=p: build_key(p, BUDGET), it["get"])
+            forget_plan_hashes()
+            keying = []
+            for _ in range(it["get"]):
+                forget_plan_hashes()
+                keying += timed(lambda p=p: build_key(p, BUDGET), 1)
             entries = [entry(seed, size) for seed in range(1, it["put"] + 1)]
-            results = {"recompute": (recompute, None), "key": (keying, None)}
+            plans = [plan(seed, *shape) for seed in range(1, it["put"] + 1)]
+            results: dict[str, list[float]] = {"recompute (decide)": recompute, "build_key (first)": keying}
             with DiskStore(tmp / f"disk-{size}") as disk:
-                results["disk"] = store_latency(disk, entries, it["get"])
+                puts, hits = store_latency(disk, entries, it["get"])
+                results["disk put"], results["disk get (hit)"] = puts, hits
+                results["first lookup, disk"] = first_lookups(disk, plans, it["get"])
+                results["repeat lookup, same obj"] = memo_lookups(disk, plans, MEMO_SAMPLES, False)
+                results["repeat lookup, new obj"] = memo_lookups(disk, plans, it["get"], True)
             if url is not None:
                 with RedisStore(url, prefix=f"bench:{size}:") as remote:
-                    results["redis"] = store_latency(remote, entries, it["get"])
+                    puts, hits = store_latency(remote, entries, it["get"])
+                    results["redis put"], results["redis get (hit)"] = puts, hits
+                    results["first lookup, redis"] = first_lookups(remote, plans, it["get"])
             rows.append((size, n_args, groups, len(entries[0].to_json()), results))
 
         print()
-        print(f"{'plan':6} {'args':>4} {'groups':>6} {'json B':>7} {'op':22} {'p50 ms':>9} {'p99 ms':>9} {'n':>4}")
+        print(f"{'plan':6} {'args':>4} {'groups':>6} {'json B':>7} {'op':26} {'p50 ms':>9} {'p99 ms':>9} {'n':>5}")
         for size, n_args, groups, nbytes, results in rows:
-            lines = [("recompute (decide)", results["recompute"][0]), ("build_key", results["key"][0])]
-            for backend in ("disk", "redis"):
-                if backend in results:
-                    puts, hits = results[backend]
-                    lines += [(f"{backend} put", puts), (f"{backend} get (hit)", hits)]
-            for op, samples in lines:
+            for op, samples in results.items():
                 print(
-                    f"{size:6} {n_args:4} {groups:6} {nbytes:7} {op:22} {ms(pct(samples, 0.5))} "
-                    f"{ms(pct(samples, 0.99))} {len(samples):4}"
+                    f"{size:6} {n_args:4} {groups:6} {nbytes:7} {op:26} {ms(pct(samples, 0.5))} "
+                    f"{ms(pct(samples, 0.99))} {len(samples):5}"
                 )
-            recompute_p50 = statistics.median(results["recompute"][0])
-            for backend in ("disk", "redis"):
-                if backend in results:
-                    hit_p50 = statistics.median(results[backend][1])
-                    print(f"{size:6} ratio recompute / {backend} hit (p50): {recompute_p50 / hit_p50:8.1f}x")
+        print()
+        print("recompute / lookup, p50 (goal: repeated lookup >= 200x for mid, >= 50x for every plan):")
+        lookups = ["repeat lookup, same obj", "repeat lookup, new obj", "first lookup, disk", "first lookup, redis"]
+        print(f"{'plan':6} " + " ".join(f"{op:>24}" for op in lookups) + "  goal")
+        for size, _n_args, _groups, _nbytes, results in rows:
+            recompute_p50 = statistics.median(results["recompute (decide)"])
+            cells = []
+            for op in lookups:
+                cells.append(f"{recompute_p50 / statistics.median(results[op]):23.1f}x" if op in results else f"{'-':>24}")
+            goal = GOALS.get(size, DEFAULT_GOAL)
+            met = recompute_p50 / statistics.median(results["repeat lookup, same obj"]) >= goal
+            print(f"{size:6} " + " ".join(cells) + f"  {goal:g}x {'met' if met else 'NOT met'} (same obj)")
         if url is None:
-            print("redis: redis-server not on PATH; Redis column skipped")
+            print("redis: redis-server not on PATH; Redis rows skipped")
 
         print()
         seeds = list(range(1000, 1032))
@@ -225,7 +292,8 @@ def main() -> None:
         with DiskStore(directory) as disk:
             for s in seeds:
                 lookup_or_decide(plan(s, *SIZES["mid"]), BUDGET, disk)
-        print(f"throughput: lookup_or_decide hits on one DiskStore, mid plans, {THROUGHPUT_SECONDS:g} s each")
+        print(f"throughput: store reads (lookup_or_decide, decision memo emptied each time) on one DiskStore,"
+              f" mid plans, {THROUGHPUT_SECONDS:g} s each")
         base = None
         for procs in (1, 2, 4, 8):
             rate = throughput(directory, seeds, procs)

@@ -80,8 +80,29 @@ def family_hash(plan: KernelPlan) -> str:
 
 #: How many distinct plans' hashes ``plan_hashes`` remembers (least recently used dropped first).
 HASH_MEMO_SIZE = 4096
-_by_value: collections.OrderedDict[KernelPlan, tuple[str, str]] = collections.OrderedDict()
-_by_id: dict[int, tuple[KernelPlan, tuple[str, str]]] = {}
+
+
+class _PlanKey:
+    """A plan as a dict key, its (recursive, uncached) dataclass hash computed once."""
+
+    __slots__ = ("plan", "hash")
+
+    def __init__(self, plan: KernelPlan) -> None:
+        self.plan = plan
+        self.hash = hash(plan)  # TypeError for a hand-built plan holding a list
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _PlanKey) and (other.plan is self.plan or other.plan == self.plan)
+
+
+_by_value: collections.OrderedDict[_PlanKey, tuple[_PlanKey, tuple[str, str]]] = collections.OrderedDict()
+# id(plan) -> [plan, (plan hash, family hash), last budget, (key, parts) for that budget]; the entry
+# holds the plan object, so its id cannot be reused by another object while it is here.
+_by_id: dict[int, list[object]] = {}
+_keys: dict[tuple[object, ...], tuple[str, "KeyParts"]] = {}
 _memo_lock = threading.Lock()
 
 
@@ -90,37 +111,37 @@ def plan_hashes(plan: KernelPlan) -> tuple[str, str]:
 
     Hashing the canonical JSON costs about as much as a store hit, so it is
     remembered in a bounded LRU keyed by the (frozen, hashable) plan's value;
-    the same plan *object* is found by identity without even hashing its
-    fields (the entry holds the object, so its id cannot be reused meanwhile).
+    the same plan *object* is found by identity without hashing its fields.
     """
     found = _by_id.get(id(plan))
     if found is not None and found[0] is plan:
-        return found[1]
+        return found[1]  # type: ignore[return-value]
     try:
-        with _memo_lock:
-            hashes = _by_value.get(plan)
-            if hashes is not None:
-                _by_value.move_to_end(plan)
-    except TypeError:  # a plan built by hand with a list inside is not hashable: no memo
+        pkey = _PlanKey(plan)
+    except TypeError:  # not hashable: no memo
         return _hash_plan(plan)
-    if hashes is None:
-        hashes = _hash_plan(plan)
     with _memo_lock:
-        _by_value[plan] = hashes
-        if len(_by_value) > HASH_MEMO_SIZE:
-            _by_value.popitem(last=False)
+        hit = _by_value.get(pkey)
+        if hit is not None:
+            _by_value.move_to_end(hit[0])
+    if hit is not None:
+        hashes = hit[1]
+    else:
+        hashes = _hash_plan(plan)
+        with _memo_lock:
+            _by_value[pkey] = (pkey, hashes)
+            if len(_by_value) > HASH_MEMO_SIZE:
+                _by_value.popitem(last=False)
+    with _memo_lock:
         if len(_by_id) >= HASH_MEMO_SIZE:
             _by_id.clear()  # identity is only the fast path; the value memo stays
-        _by_id[id(plan)] = (plan, hashes)
+        _by_id[id(plan)] = [plan, hashes, None, None]
     return hashes
 
 
 def _hash_plan(plan: KernelPlan) -> tuple[str, str]:
     canonical = plan.canonical_payload()  # one encoding serves both hashes
     return _sha(canonical), _sha(_family_of(canonical))
-
-
-_keys: dict[tuple[object, ...], tuple[str, KeyParts]] = {}
 
 
 def forget_plan_hashes() -> None:
@@ -132,14 +153,28 @@ def forget_plan_hashes() -> None:
 
 
 def build_key(plan: KernelPlan, budget: Budget) -> tuple[str, KeyParts]:
-    """The store key for deciding ``plan`` under ``budget``, and its parts."""
+    """The store key for deciding ``plan`` under ``budget``, and its parts (memoised, see ``plan_hashes``)."""
+    found = _by_id.get(id(plan))
+    if found is not None and found[0] is plan and found[2] is budget:
+        return found[3]  # type: ignore[return-value]
     plan_hash, fam_hash = plan_hashes(plan)
     # Types too: 1 == 1.0 == True, but the canonical JSON (so the key) tells them apart.
     memo_key = (plan_hash, fam_hash, budget.device_kind, budget.total_memory, type(budget.total_memory),
                 budget.ratio, type(budget.ratio))
-    found = _keys.get(memo_key)
-    if found is not None:
-        return found
+    result = _keys.get(memo_key)
+    if result is None:
+        result = _new_key(plan_hash, fam_hash, budget)
+        with _memo_lock:
+            if len(_keys) >= HASH_MEMO_SIZE:
+                _keys.clear()
+            _keys[memo_key] = result
+    slot = _by_id.get(id(plan))
+    if slot is not None and slot[0] is plan:
+        slot[2], slot[3] = budget, result
+    return result
+
+
+def _new_key(plan_hash: str, fam_hash: str, budget: Budget) -> tuple[str, KeyParts]:
     parts = KeyParts(
         plan_hash=plan_hash,
         family_hash=fam_hash,
@@ -150,9 +185,4 @@ def build_key(plan: KernelPlan, budget: Budget) -> tuple[str, KeyParts]:
         estimator_version=ESTIMATOR_VERSION,
         versions=library_versions(),
     )
-    result = (parts.digest(), parts)
-    with _memo_lock:
-        if len(_keys) >= HASH_MEMO_SIZE:
-            _keys.clear()
-        _keys[memo_key] = result
-    return result
+    return parts.digest(), parts

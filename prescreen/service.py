@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import datetime
 import socket
@@ -63,56 +62,99 @@ class Outcome:
     entry: Entry | None
 
 
-#: How many decisions the in-process memo keeps per store (least recently used dropped first).
+#: How many decisions the in-process memo keeps per store (the oldest dropped first).
 MEMO_SIZE = 4096
-# Per store object (dropped with it): key -> the entry that store holds under that key, as far
-# as this process knows: filled by a valid hit and by a put that stored, replaced or removed by
-# every put made through this module (so an observed_oom recorded here is seen at once). Changes
-# made by other processes (or directly on the store object) are not seen until the process restarts
-# or ``forget`` is called; an observed_oom recorded elsewhere is re-recorded here if it happens here.
-_memo: weakref.WeakKeyDictionary[Store, collections.OrderedDict[str, Entry]] = weakref.WeakKeyDictionary()
+
+
+class _Memo:
+    """One store's memo: key -> the hit outcome for what the store holds under that key, as far as
+    this process knows (see ``lookup_or_decide``), with what counting a hit adds to ``COUNTERS``."""
+
+    __slots__ = ("store", "outcomes")
+
+    def __init__(self, store: Store) -> None:
+        self.store = weakref.ref(store)
+        self.outcomes: dict[str, tuple[Outcome, int, int, int, int]] = {}
+
+
+# id(store) -> its memo; the entry goes when the store object does (weakref.finalize).
+_memos: dict[int, _Memo] = {}
 
 
 def forget(store: Store | None = None) -> None:
     """Drop the in-process memo of ``store``'s decisions (of every store when None)."""
     with _lock:
         if store is None:
-            _memo.clear()
+            for memo in _memos.values():
+                memo.outcomes.clear()
         else:
-            _memo.pop(store, None)
+            found = _memos.get(id(store))
+            if found is not None:
+                found.outcomes.clear()
+
+
+def _drop_memo(store_id: int, memo: _Memo) -> None:
+    with _lock:
+        if _memos.get(store_id) is memo:
+            del _memos[store_id]
 
 
 def _remember(store: Store, key: str, entry: Entry | None) -> None:
     """Record what ``store`` now holds under ``key`` (``None``: not known, read it next time)."""
     with _lock:
-        memo = _memo.get(store)
-        if memo is None:
+        memo = _memos.get(id(store))
+        if memo is None or memo.store() is not store:
             if entry is None:
                 return
-            memo = _memo[store] = collections.OrderedDict()
+            memo = _memos[id(store)] = _Memo(store)
+            weakref.finalize(store, _drop_memo, id(store), memo)
         if entry is None:
-            memo.pop(key, None)
+            memo.outcomes.pop(key, None)
             return
-        memo[key] = entry
-        memo.move_to_end(key)
-        if len(memo) > MEMO_SIZE:
-            memo.popitem(last=False)
-
-
-def _recall(store: Store, key: str) -> Entry | None:
-    with _lock:
-        memo = _memo.get(store)
-        if memo is None:
-            return None
-        entry = memo.get(key)
-        if entry is not None:
-            memo.move_to_end(key)
-        return entry
+        d = entry.decision
+        memo.outcomes.pop(key, None)  # re-inserted last: the oldest entry is the first dropped
+        memo.outcomes[key] = (
+            Outcome(key, d, True, entry),
+            1 if d.tune else 0,
+            0 if d.tune else 1,
+            0 if d.bounded else 1,
+            d.estimated_bytes or 0,
+        )
+        if len(memo.outcomes) > MEMO_SIZE:
+            del memo.outcomes[next(iter(memo.outcomes))]
 
 
 def lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, *, write: bool = True) -> Outcome:
-    """The decision for ``plan`` under ``budget``: from ``store`` on a hit, else computed (and stored)."""
+    """The decision for ``plan`` under ``budget``: from ``store`` on a hit, else computed (and stored).
+
+    A plan this process already looked up (or stored) in this ``store`` object is
+    answered from memory: no hashing for the same plan object (see
+    ``prescreen.key.plan_hashes``), no read. The memo is replaced on every put made
+    here (so an observed_oom recorded in this process is seen at once); changes
+    made by other processes, or directly on the store object, are not seen until
+    ``forget`` (or a new store object).
+    """
     start = time.perf_counter()
+    if store is not None:
+        key = build_key(plan, budget)[0]
+        memo = _memos.get(id(store))
+        with _lock:
+            found = None if memo is None or memo.store() is not store else memo.outcomes.get(key)
+            if found is not None:
+                outcome, tuned, fell_back, not_bounded, estimate = found
+                store.hits += 1  # the store's persisted per-entry hit counts (``inspect``) see reads only
+                c = COUNTERS
+                c.lookups += 1
+                c.hits += 1
+                c.memo_hits += 1
+                c.tuned += tuned
+                c.fell_back += fell_back
+                c.not_bounded += not_bounded
+                if estimate > c.largest_estimate:
+                    c.largest_estimate = estimate
+                c.seconds += time.perf_counter() - start
+        if found is not None:
+            return _observed(outcome, plan) if OBSERVERS else outcome
     try:
         return _lookup_or_decide(plan, budget, store, write)
     finally:
@@ -125,16 +167,6 @@ def _lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, wri
     # A computed decision is only ever *added* (``Store.put`` keeps a valid entry already
     # there), so a stored observed_oom fallback is never overwritten by a computed tune.
     key, parts = build_key(plan, budget)
-    if store is not None:
-        entry = _recall(store, key)
-        if entry is not None:
-            store.hits += 1  # the store's own per-entry hit counts (``inspect``) see store reads only
-            with _lock:
-                COUNTERS.lookups += 1
-                COUNTERS.hits += 1
-                COUNTERS.memo_hits += 1
-                COUNTERS.count(entry.decision)
-            return _observed(Outcome(key, entry.decision, True, entry), plan)
     with _lock:
         COUNTERS.lookups += 1
     if store is not None:

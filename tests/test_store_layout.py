@@ -208,3 +208,29 @@ def test_redis_url_env_names_agree() -> None:
 
     assert prescreen.store.REDIS_URL_ENV == redis_store.REDIS_URL_ENV
     assert prescreen.store.RedisStore is redis_store.RedisStore
+
+
+def test_a_memo_goes_with_its_store_object(tmp_path: Path) -> None:
+    import gc
+
+    store = DiskStore(tmp_path)
+    lookup_or_decide(make_plan(SEED), BUDGET, store)
+    store_id = id(store)
+    assert store_id in service._memos
+    store.close()
+    del store
+    gc.collect()
+    assert store_id not in service._memos
+
+
+def test_memo_counts_hits_like_a_store_hit(tmp_path: Path) -> None:
+    plan = make_plan(SEED)
+    with DiskStore(tmp_path) as store:
+        lookup_or_decide(plan, BUDGET, store)
+        before = dataclasses.replace(COUNTERS)
+        outcome = lookup_or_decide(plan, BUDGET, store)
+        assert outcome.hit
+        assert (COUNTERS.lookups, COUNTERS.hits, COUNTERS.estimator_calls) == (
+            before.lookups + 1, before.hits + 1, before.estimator_calls)
+        assert COUNTERS.tuned + COUNTERS.fell_back == before.tuned + before.fell_back + 1
+        assert COUNTERS.largest_estimate >= (outcome.decision.estimated_bytes or 0)
