@@ -103,6 +103,7 @@ _by_value: collections.OrderedDict[_PlanKey, tuple[_PlanKey, tuple[str, str]]] =
 # holds the plan object, so its id cannot be reused by another object while it is here.
 _by_id: dict[int, list[object]] = {}
 _keys: dict[tuple[object, ...], tuple[str, "KeyParts"]] = {}
+_parts_by_key: dict[str, "KeyParts"] = {}  # the keys ``build_key`` made in this process
 _memo_lock = threading.Lock()
 
 
@@ -150,6 +151,12 @@ def forget_plan_hashes() -> None:
         _by_value.clear()
         _by_id.clear()
         _keys.clear()
+        _parts_by_key.clear()
+
+
+def known_parts(key: str) -> "KeyParts | None":
+    """The parts ``build_key`` digested into ``key`` in this process, if it did (saves re-digesting them)."""
+    return _parts_by_key.get(key)
 
 
 def build_key(plan: KernelPlan, budget: Budget) -> tuple[str, KeyParts]:
@@ -167,7 +174,9 @@ def build_key(plan: KernelPlan, budget: Budget) -> tuple[str, KeyParts]:
         with _memo_lock:
             if len(_keys) >= HASH_MEMO_SIZE:
                 _keys.clear()
+                _parts_by_key.clear()
             _keys[memo_key] = result
+            _parts_by_key[result[0]] = result[1]
     slot = _by_id.get(id(plan))
     if slot is not None and slot[0] is plan:
         slot[2], slot[3] = budget, result

@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 
 from prescreen.decision import Decision
-from prescreen.key import SCHEMA_VERSION, KeyParts, family_hash
+from prescreen.key import SCHEMA_VERSION, KeyParts, family_hash, known_parts
 from prescreen.plan import KernelPlan, canonical_json
 from prescreen.store.signing import SIGNATURE_FIELD, BadSignature, Signer, canonical
 
@@ -175,7 +175,7 @@ class Entry:
             raise
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError) as exc:
             raise InvalidEntry(f"malformed entry: {exc!r}") from None
-        if parts.digest() != key:
+        if known_parts(key) != parts and parts.digest() != key:  # parts this process digested into key: equal
             raise InvalidEntry("entry key does not match its key parts")
         if expected_key is not None and key != expected_key:
             raise InvalidEntry(f"entry is stored under {expected_key[:12]} but carries key {key[:12]}")
