@@ -37,7 +37,7 @@ from prescreen.store.textdisk import TextDisk, read_value_file
 
 LOCK_NAME = "recovery.lock"
 PENDING_NAME = "recovery.pending"
-MOVED_PREFIX = DBNAME + ".corrupt-"
+MOVED_PREFIX: str = DBNAME + ".corrupt-"
 LOCK_WAIT = 30.0
 _SUFFIX = re.compile(r"[0-9]+-[0-9]+")
 _ROWID_GAP = 10_000  # without max(rowid), keep trying this many rowids past the last one found

@@ -269,7 +269,7 @@ class RedisStore(Store):
                 return True
             with self._client.pipeline() as pipe:
                 try:
-                    pipe.watch(name)
+                    pipe.watch(name)  # type: ignore[no-untyped-call]
                     if self._decode(entry.key, pipe.get(name), warn=False) is not None:
                         return False
                     pipe.multi()

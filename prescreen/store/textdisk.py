@@ -75,7 +75,8 @@ class TextDisk(diskcache.Disk):
 
     def store(self, value: object, read: bool, key: object = UNKNOWN) -> tuple[int, int, str | None, object]:
         if type(value) is str or (type(value) is int and not read):
-            return super().store(value, False, key=key)
+            stored: tuple[int, int, str | None, object] = super().store(value, False, key=key)
+            return stored
         raise TypeError(f"prescreen stores JSON text or integers, got {type(value).__name__}")
 
     def filename(self, key: object = UNKNOWN, value: object = UNKNOWN) -> tuple[str, str]:
@@ -157,7 +158,8 @@ class FastOpenCache(diskcache.Cache):
             start = time.monotonic()
             while True:
                 try:
-                    return sql(statement, *args, **kwargs)
+                    cursor: sqlite3.Cursor = sql(statement, *args, **kwargs)
+                    return cursor
                 except sqlite3.OperationalError as exc:
                     if str(exc) != "database is locked" or time.monotonic() - start > limit:
                         raise
