@@ -307,6 +307,11 @@ def load_plans(path: str | Path) -> list[KernelPlan]:
             data = data["plans"]
         elif "entries" in data:
             data = [e.get("plan") if isinstance(e, Mapping) else e for e in data["entries"]]
+            # An entry keeps its plan as one JSON string field (store schema 2).
+            try:
+                data = [json.loads(plan) if isinstance(plan, str) else plan for plan in data]
+            except ValueError as exc:
+                raise ConfigError(f"plans file {str(p)!r} holds a stored plan that is not JSON: {exc}") from None
     if not isinstance(data, list):
         raise ConfigError(f"plans file {str(p)!r} must hold a list of plan payloads")
     plans = []
