@@ -169,6 +169,7 @@ def test_a_held_recovery_lock_delays_opens_and_writes_by_the_timeout_only(tmp_pa
     # Before: every open waited timeout + 10 s, silently, for a lock any user could hold (the file was 0644).
     directory = tmp_path / "cache"
     fill(directory, range(2))
+    os.chmod(directory / LOCK_NAME, 0o644)  # as an older prescreen left it
     with recovery_lock(directory), caplog.at_level(logging.WARNING, logger="prescreen.store"):
         store = run_guarded(lambda: DiskStore(directory, timeout=0.1))
         assert isinstance(store, DiskStore)

@@ -92,6 +92,8 @@ def recovery_lock(directory: Path, *, shared: bool = False, wait: float = LOCK_W
 def open_lock_file(directory: Path) -> IO[str]:
     """``recovery.lock``, created 0600 (nobody else can open it to hold it), never through a symlink."""
     fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, 0o600)  # one an older prescreen made 0644 (anyone could open it to hold it)
     return os.fdopen(fd, "r+")
 
 
