@@ -91,6 +91,7 @@ class _AckStore(DiskStore):
 def child(kind: str, directory: str, log: str, start: int, extra: str) -> None:
     """Everything slow (imports, decisions) happens before "ready"; the store is opened after it."""
     _AckStore.log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    entry(0)  # the first decision imports what the estimator needs (torch): seconds, not part of the soak
     count = int(extra or 0)
     known = {seed: entry(seed) for seed in range(count)}
     _AckStore.seed_of = {e.key: seed for seed, e in known.items()}
