@@ -54,7 +54,8 @@ ITERATIONS = {
     "mid": {"decide": 60, "put": 60, "get": 400},
     "large": {"decide": 20, "put": 12, "get": 80},
 }
-MEMO_SAMPLES = 4000
+MEMO_SAMPLES = 400
+BATCH = 50  # repeated lookups per sample of the same plan object
 THROUGHPUT_SECONDS = 2.0
 
 
@@ -110,8 +111,8 @@ def pct(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def ms(x: float) -> str:
-    return f"{x * 1e3:9.3f}"
+def us(x: float) -> str:
+    return f"{x * 1e6:9.1f}"
 
 
 @contextmanager
@@ -184,9 +185,14 @@ def memo_lookups(store: Store, plans: list[KernelPlan], n: int, fresh_objects: b
         p = plans[i % len(plans)]
         if fresh_objects:
             p = KernelPlan.from_payload(p.to_payload())  # not timed: the hook builds its plan anyway
-        start = time.perf_counter()
-        got = lookup_or_decide(p, BUDGET, store)
-        out.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            got = lookup_or_decide(p, BUDGET, store)
+            out.append(time.perf_counter() - start)
+        else:  # about a microsecond: timed over a batch, so the clock's own cost is not counted
+            start = time.perf_counter()
+            for _ in range(BATCH):
+                got = lookup_or_decide(p, BUDGET, store)
+            out.append((time.perf_counter() - start) / BATCH)
         assert got.hit
     return out
 
@@ -235,6 +241,9 @@ def main() -> None:
             f"versions: torch {torch.__version__} | diskcache {metadata.version('diskcache')}"
             f" | redis-py {metadata.version('redis')} | redis-server {redis_version(url)}"
         )
+        with DiskStore(tmp / "warm-up") as scratch:  # the interpreter's first thousands of calls run slower
+            lookup_or_decide(plan(0, 2, 2, 1), BUDGET, scratch)
+            memo_lookups(scratch, [plan(0, 2, 2, 1)], 200, False)
         rows = []
         for size, shape in SIZES.items():
             it = ITERATIONS[size]
@@ -264,12 +273,12 @@ def main() -> None:
             rows.append((size, n_args, groups, len(entries[0].to_json()), results))
 
         print()
-        print(f"{'plan':6} {'args':>4} {'groups':>6} {'json B':>7} {'op':26} {'p50 ms':>9} {'p99 ms':>9} {'n':>5}")
+        print(f"{'plan':6} {'args':>4} {'groups':>6} {'json B':>7} {'op':26} {'p50 us':>9} {'p99 us':>9} {'n':>5}")
         for size, n_args, groups, nbytes, results in rows:
             for op, samples in results.items():
                 print(
-                    f"{size:6} {n_args:4} {groups:6} {nbytes:7} {op:26} {ms(pct(samples, 0.5))} "
-                    f"{ms(pct(samples, 0.99))} {len(samples):5}"
+                    f"{size:6} {n_args:4} {groups:6} {nbytes:7} {op:26} {us(pct(samples, 0.5))} "
+                    f"{us(pct(samples, 0.99))} {len(samples):5}"
                 )
         print()
         print("recompute / lookup, p50 (goal: repeated lookup >= 200x for mid, >= 50x for every plan):")

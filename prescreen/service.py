@@ -70,11 +70,19 @@ class _Memo:
     """One store's memo: key -> the hit outcome for what the store holds under that key, as far as
     this process knows (see ``lookup_or_decide``), with what counting a hit adds to ``COUNTERS``."""
 
-    __slots__ = ("store", "outcomes")
+    __slots__ = ("store", "outcomes", "version", "by_plan")
 
     def __init__(self, store: Store) -> None:
         self.store = weakref.ref(store)
         self.outcomes: dict[str, tuple[Outcome, int, int, int, int]] = {}
+        self.version = 0  # bumped on every change to ``outcomes``
+        # id(plan) -> (plan, budget, version, outcomes[key]): the same plan and budget objects looked
+        # up again skip even the key memo; valid while ``version`` is unchanged.
+        self.by_plan: dict[int, tuple[KernelPlan, Budget, int, tuple[Outcome, int, int, int, int]]] = {}
+
+    def changed(self) -> None:
+        self.version += 1
+        self.by_plan.clear()
 
 
 # id(store) -> its memo; the entry goes when the store object does (weakref.finalize).
@@ -87,10 +95,12 @@ def forget(store: Store | None = None) -> None:
         if store is None:
             for memo in _memos.values():
                 memo.outcomes.clear()
+                memo.changed()
         else:
             found = _memos.get(id(store))
             if found is not None:
                 found.outcomes.clear()
+                found.changed()
 
 
 def _drop_memo(store_id: int, memo: _Memo) -> None:
@@ -108,6 +118,7 @@ def _remember(store: Store, key: str, entry: Entry | None) -> None:
                 return
             memo = _memos[id(store)] = _Memo(store)
             weakref.finalize(store, _drop_memo, id(store), memo)
+        memo.changed()
         if entry is None:
             memo.outcomes.pop(key, None)
             return
@@ -135,14 +146,24 @@ def lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, *, w
     ``forget`` (or a new store object).
     """
     start = time.perf_counter()
-    if store is not None:
-        key = build_key(plan, budget)[0]
-        memo = _memos.get(id(store))
-        with _lock:
-            found = None if memo is None or memo.store() is not store else memo.outcomes.get(key)
+    memo = None if store is None else _memos.get(id(store))
+    if store is not None and memo is not None and memo.store() is store:
+        found: tuple[Outcome, int, int, int, int] | None
+        fast = memo.by_plan.get(id(plan))
+        if fast is not None and fast[0] is plan and fast[1] is budget and fast[2] == memo.version:
+            found = fast[3]
+        else:
+            version = memo.version
+            found = memo.outcomes.get(build_key(plan, budget)[0])
             if found is not None:
-                outcome, tuned, fell_back, not_bounded, estimate = found
-                store.hits += 1  # the store's persisted per-entry hit counts (``inspect``) see reads only
+                with _lock:
+                    if memo.version == version:
+                        if len(memo.by_plan) >= MEMO_SIZE:
+                            memo.by_plan.clear()
+                        memo.by_plan[id(plan)] = (plan, budget, version, found)
+        if found is not None:
+            outcome, tuned, fell_back, not_bounded, estimate = found
+            with _lock:
                 c = COUNTERS
                 c.lookups += 1
                 c.hits += 1
@@ -153,7 +174,7 @@ def lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, *, w
                 if estimate > c.largest_estimate:
                     c.largest_estimate = estimate
                 c.seconds += time.perf_counter() - start
-        if found is not None:
+                store.hits += 1  # the store's persisted per-entry hit counts (``inspect``) see reads only
             return _observed(outcome, plan) if OBSERVERS else outcome
     try:
         return _lookup_or_decide(plan, budget, store, write)
