@@ -73,8 +73,16 @@ class Entry:
 
     @property
     def plan(self) -> dict[str, object]:
-        """The stored plan payload, decoded (and depth-checked) on each access; raises ``InvalidEntry``."""
-        return _decode_plan(self.plan_text)
+        """The stored plan payload, decoded (and depth-checked) on each access.
+
+        Empty when the stored text is not a JSON object within the depth cap: a lookup
+        never reads the plan, so such an entry still serves hits, while ``verify_entry``
+        says False for it and an import or bundle refuses it (``from_payload`` decodes it).
+        """
+        try:
+            return _decode_plan(self.plan_text)
+        except InvalidEntry:
+            return {}
 
     def with_hits(self, hits: int) -> "Entry":
         return dataclasses.replace(self, hits=hits)
