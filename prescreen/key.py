@@ -80,6 +80,8 @@ def family_hash(plan: KernelPlan) -> str:
 
 #: How many distinct plans' hashes ``plan_hashes`` remembers (least recently used dropped first).
 HASH_MEMO_SIZE = 4096
+#: How many plan objects the identity fast path holds (it keeps them alive, so it stays small).
+ID_MEMO_SIZE = 256
 
 
 class _PlanKey:
@@ -134,7 +136,7 @@ def plan_hashes(plan: KernelPlan) -> tuple[str, str]:
             if len(_by_value) > HASH_MEMO_SIZE:
                 _by_value.popitem(last=False)
     with _memo_lock:
-        if len(_by_id) >= HASH_MEMO_SIZE:
+        if len(_by_id) >= ID_MEMO_SIZE:
             _by_id.clear()  # identity is only the fast path; the value memo stays
         _by_id[id(plan)] = [plan, hashes, None, None]
     return hashes

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from prescreen.budget import Budget
 from prescreen.decision import Decision, decide_with, is_observed_oom, try_representatives
 from prescreen.errors import NotBounded, Reason
-from prescreen.key import build_key
+from prescreen.key import ID_MEMO_SIZE, build_key
 from prescreen.plan import KernelPlan
 from prescreen.representatives import Representatives
 from prescreen.store.base import Store
@@ -158,7 +158,7 @@ def lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, *, w
             if found is not None:
                 with _lock:
                     if memo.version == version:
-                        if len(memo.by_plan) >= MEMO_SIZE:
+                        if len(memo.by_plan) >= ID_MEMO_SIZE:
                             memo.by_plan.clear()
                         memo.by_plan[id(plan)] = (plan, budget, version, found)
         if found is not None:

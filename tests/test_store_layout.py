@@ -237,3 +237,13 @@ def test_memo_counts_hits_like_a_store_hit(tmp_path: Path) -> None:
             before.lookups + 1, before.hits + 1, before.estimator_calls)
         assert COUNTERS.tuned + COUNTERS.fell_back == before.tuned + before.fell_back + 1
         assert COUNTERS.largest_estimate >= (outcome.decision.estimated_bytes or 0)
+
+
+def test_the_identity_fast_path_holds_few_plan_objects() -> None:
+    from prescreen import key
+
+    forget_plan_hashes()
+    for _ in range(key.ID_MEMO_SIZE + 10):
+        build_key(make_plan(SEED), BUDGET)  # equal plans, new objects: one value entry, bounded identity entries
+        assert len(key._by_id) <= key.ID_MEMO_SIZE
+    assert len(key._by_value) == 1
