@@ -30,8 +30,7 @@ dev:
 	$(PY) -m pip install $(PIP_FLAGS) -e ".[test]"
 
 # -P: the repository is not on sys.path, so tests import the installed wheel.
-test: install
-	$(VPY) -m ruff check prescreen hooks tests bench examples
+test: lint
 	PRESCREEN_TEST_INSTALLED=1 $(VPY) -P -m pytest -q -p no:cacheprovider tests
 
 demo: install

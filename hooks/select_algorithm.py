@@ -43,9 +43,10 @@ def _strides_of(node: Any) -> Sequence[Any]:
     try:
         from torch._inductor.select_algorithm import get_strides_with_layout_constraints
 
-        return get_strides_with_layout_constraints(node)
+        strides: Sequence[Any] = get_strides_with_layout_constraints(node)  # type: ignore[no-untyped-call]
     except (ImportError, AttributeError, TypeError):
-        return node.get_stride()
+        strides = node.get_stride()
+    return strides
 
 
 def _source_name(shape_env: Any, sym: Any) -> str | None:
