@@ -3,35 +3,25 @@ filters, layout by width, stats --json, help texts, and the picture (terminal ch
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+import test_cli
 from click.testing import CliRunner
-from test_cli import CLEAN_ENV, HUGE, PLANS, assert_cli_error, by_kernel, invoke, ok, ok_json, plan, rows, stored
+from test_cli import CLEAN_ENV, HUGE, assert_cli_error, by_kernel, invoke, ok, ok_json, plan, rows, stored
 
 from prescreen.cli import cli
 from prescreen.plan import KernelPlan
 from prescreen.warm import Record, WarmReport, kernel_site, why_nothing_was_guarded
 
+plans_file = test_cli.plans_file  # the same fixtures: a plans file, and a store filled from it
+filled = test_cli.filled
+
 # --- spec files: the command line wins --------------------------------------------------------------------------
 
 
-@pytest.fixture
-def plans_file(tmp_path: Path) -> Path:
-    path = tmp_path / "plans.json"
-    path.write_text(json.dumps(PLANS))
-    return path
-
-
-@pytest.fixture
-def filled(tmp_path: Path, plans_file: Path) -> Path:
-    cache = tmp_path / "cache"
-    ok(invoke(cache, "warm", "--plans", str(plans_file), "--device-memory", "1MiB"))
-    ok(invoke(cache, "warm", "--plans", str(plans_file), "--device-memory", "64GiB", "--device-kind", "cuda"))
-    return cache
 
 
 class Captured:

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 from click.testing import CliRunner, Result
-from test_store_redis import free_port
+from redis_server import redis_server
 from test_store_support import plan_payload
 
 from prescreen.cli import cli
@@ -29,30 +25,8 @@ pytestmark = pytest.mark.redis
 
 @pytest.fixture(scope="module")
 def port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        pytest.skip("redis-server is not on PATH")
-    port = free_port()
-    workdir = tmp_path_factory.mktemp("redis-auth")
-    proc = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(workdir), "--requirepass", PASSWORD],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    client = redis.Redis(host="127.0.0.1", port=port, password=PASSWORD, socket_connect_timeout=0.2)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.skip("redis-server did not start")
-            time.sleep(0.05)
-    yield port
-    proc.terminate()
-    proc.wait(10)
+    with redis_server(tmp_path_factory.mktemp("redis-auth"), password=PASSWORD) as port:
+        yield port
 
 
 def working_urls(port: int) -> dict[str, str]:

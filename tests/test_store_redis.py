@@ -7,16 +7,13 @@ import dataclasses
 import json
 import logging
 import multiprocessing
-import shutil
-import socket
-import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
+from redis_server import free_port, redis_server
 from test_store_support import BUDGET, make_entry, make_plan, warnings_of
 
 from prescreen.decision import decide
@@ -27,38 +24,10 @@ from prescreen.store.redis_store import redact_url
 pytestmark = pytest.mark.redis
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        pytest.skip("redis-server is not on PATH (apt-get install redis-server); Redis tests skipped")
-    port = free_port()
-    workdir = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.2)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.skip(f"redis-server did not start on port {port}")
-            time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(10)
+    with redis_server(tmp_path_factory.mktemp("redis")) as port:
+        yield f"redis://127.0.0.1:{port}/0"
 
 
 @pytest.fixture
