@@ -179,19 +179,32 @@ def flush_buffer_bytes(device: Any) -> int:
 
 
 #: cuDNN's workspace for the ATen convolution choice, allocated through the caching
-#: allocator while that choice is benchmarked (not an input or output, so not in
-#: the plan otherwise). Calibrated on an H200 by bench/gpu_coverage.py.
-CONV_WORKSPACE_BYTES = 256 * 2**20
+#: allocator while that choice is benchmarked (not an input or output, so not in the
+#: plan otherwise), in copies of (input + output). Measured on an H200 (torch 2.11,
+#: fp16, bench/gpu_coverage.py): 2x (input + output) for contiguous conv2d and conv3d
+#: (cuDNN runs NHWC kernels and transposes both), 1x for channels-last conv2d.
+CONV_WORKSPACE_COPIES = {"contiguous": 2, "channels_last": 1}
 
 #: Selections whose ATen extern choice needs a library workspace on GPUs.
-_WORKSPACE_OPS = {"convolution": CONV_WORKSPACE_BYTES}
+_WORKSPACE_OPS = ("convolution",)
 
 
-def extern_workspace_bytes(name: str, device: Any) -> int:
-    """Bytes of library workspace the extern choice of selection ``name`` allocates (0 on CPU)."""
-    if getattr(device, "type", "cpu") in ("cpu", "meta"):
+def _channels_last(conv: "_Converter", node: Any) -> bool:
+    """Channel dim (1) has stride 1 with more than one channel: NHWC / NDHWC / NLC."""
+    try:
+        size, stride = list(node.get_size()), list(_strides_of(node))
+        return len(size) >= 3 and conv.hint(stride[1]) == 1 and conv.hint(size[1]) > 1
+    except Exception:
+        return False
+
+
+def extern_workspace_copies(name: str, device: Any, conv: "_Converter | None" = None, node: Any = None) -> int:
+    """Copies of (input + output) the extern choice of selection ``name`` needs as workspace (0 on CPU)."""
+    if getattr(device, "type", "cpu") in ("cpu", "meta") or name not in _WORKSPACE_OPS:
         return 0
-    return _WORKSPACE_OPS.get(name, 0)
+    if conv is not None and node is not None and _channels_last(conv, node):
+        return CONV_WORKSPACE_COPIES["channels_last"]
+    return CONV_WORKSPACE_COPIES["contiguous"]
 
 
 def plan_for_selection(name: str, input_nodes: Sequence[Any], layout: Any) -> KernelPlan:
@@ -202,24 +215,26 @@ def plan_for_selection(name: str, input_nodes: Sequence[Any], layout: Any) -> Ke
     conv = _Converter(V.graph.sizevars)
     args: list[TensorArg | WorkspaceArg] = []
     seen: set[str] = set()
+    first: Any = None
     for i, node in enumerate(input_nodes):
         node_name = node.get_name()
         if node_name in seen:
             continue
         seen.add(node_name)
         base = node.unwrap_view() if isinstance(node, ir.BaseView) else node
+        first = base if first is None else first
         args.extend(conv.tensor(f"input{i}", base, base.get_layout()))
     out = ir.Buffer(name="prescreen_out", layout=layout)
     args.extend(conv.tensor("output", out, layout))
+    for copy in range(extern_workspace_copies(name, layout.device, conv, first) if first is not None else 0):
+        # the library workspace, in copies of (input + output): sized by the same expressions
+        args.extend(conv.tensor(f"extern_workspace{copy}.input0", first, first.get_layout()))
+        args.extend(conv.tensor(f"extern_workspace{copy}.output", out, layout))
     flush = flush_buffer_bytes(layout.device)
     if flush:
         dev = str(layout.device)
         args.append(WorkspaceArg("benchmark.cache_flush", Const(flush), "torch.uint8", dev, "NONE"))
         args.append(WorkspaceArg("benchmark.slack", Const(GPU_SLACK_BYTES), "torch.uint8", dev, "NONE"))
-    workspace = extern_workspace_bytes(name, layout.device)
-    if workspace:
-        args.append(WorkspaceArg("benchmark.extern_workspace", Const(workspace), "torch.uint8",
-                                 str(layout.device), "NONE"))
     axes = tuple(sorted(conv.statics))
     return KernelPlan(
         group_features=(),

@@ -112,7 +112,28 @@ def test_an_autotune_with_another_signature_is_left_alone(monkeypatch: pytest.Mo
     assert "does not take (name, input_nodes, layout, input_gen_fns, choices)" in caplog.text
 
 
-def test_conv_plan_carries_a_workspace_on_gpus_only() -> None:
-    assert sel.extern_workspace_bytes("convolution", torch.device("cuda", 0)) == sel.CONV_WORKSPACE_BYTES
-    assert sel.extern_workspace_bytes("convolution", torch.device("cpu")) == 0
-    assert sel.extern_workspace_bytes("mm", torch.device("cuda", 0)) == 0
+def test_conv_workspace_copies_on_gpus_only() -> None:
+    cuda = torch.device("cuda", 0)
+    assert sel.extern_workspace_copies("convolution", cuda) == sel.CONV_WORKSPACE_COPIES["contiguous"] == 2
+    assert sel.extern_workspace_copies("convolution", torch.device("cpu")) == 0
+    assert sel.extern_workspace_copies("mm", cuda) == 0
+
+
+def test_channels_last_input_needs_one_workspace_copy() -> None:
+    class Node:
+        def __init__(self, stride: list[int]) -> None:
+            self.stride = stride
+
+        def get_size(self) -> list[int]:
+            return [8, 64, 32, 32]
+
+        def get_stride(self) -> list[int]:
+            return self.stride
+
+    class Conv:
+        hint = staticmethod(int)
+
+    cuda = torch.device("cuda", 0)
+    nhwc, nchw = Node([65536, 1, 2048, 64]), Node([65536, 1024, 32, 1])
+    assert sel.extern_workspace_copies("convolution", cuda, Conv(), nhwc) == 1  # type: ignore[arg-type]
+    assert sel.extern_workspace_copies("convolution", cuda, Conv(), nchw) == 2  # type: ignore[arg-type]
