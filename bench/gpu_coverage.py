@@ -87,7 +87,7 @@ def _conv(dim: int, channels_last: bool = False) -> tuple[Callable[..., Any], tu
     shape = {1: (32, 128, 8192), 2: (32, 128, 128, 128), 3: (4, 128, 32, 32, 32)}[dim]
     x = _r(*shape)
     if channels_last:
-        model = model.to(memory_format=torch.channels_last)
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         x = x.to(memory_format=torch.channels_last)
     return model, (x,)
 
@@ -217,7 +217,7 @@ def instrument(meter: Meter) -> None:
 
     def benchmarked(node1: Any, node2: Any) -> bool:
         try:
-            return sel._is_benchmarked_fusion(node1, node2)
+            return bool(sel._is_benchmarked_fusion(node1, node2))
         except Exception:
             return False
 
@@ -236,11 +236,11 @@ def instrument(meter: Meter) -> None:
 
     def bench(self: Any, *args: Any, **kwargs: Any) -> Any:
         if len(self.launchers) <= 1:
-            return inner_bench(self, *args, **kwargs)
+            return inner_bench(self, *args, **kwargs)  # type: ignore[no-untyped-call]
         meter.enter("runtime", getattr(self.fn, "__name__", "?"),
                     estimate(lambda: rt.plan_for_autotuner(self, args, kwargs)))
         try:
-            return inner_bench(self, *args, **kwargs)
+            return inner_bench(self, *args, **kwargs)  # type: ignore[no-untyped-call]
         finally:
             meter.exit()
 

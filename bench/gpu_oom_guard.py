@@ -36,7 +36,7 @@ def _family(args: argparse.Namespace) -> tuple[Callable[..., Any], tuple[Any, ..
         return (lambda a, b: torch.bmm(a, b)), (x, w)
     if args.family == "conv":  # channels-last fp16 conv2d, batch --m, --k channels in and out, 128x128 images
         conv = torch.nn.Conv2d(args.k, args.k, 3, padding=1, bias=False).to("cuda", dt)
-        conv = conv.to(memory_format=torch.channels_last).eval()
+        conv = conv.to(memory_format=torch.channels_last).eval()  # type: ignore[call-overload]
         x = torch.randn(args.m, args.k, 128, 128, device="cuda", dtype=dt).to(memory_format=torch.channels_last)
         weight = conv.weight.detach()
         return (lambda a, wt: torch.nn.functional.conv2d(a, wt, padding=1)), (x, weight)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ def _plan() -> KernelPlan:
 
 
 @pytest.fixture()
-def fusion_on_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> DiskStore:
+def fusion_on_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[DiskStore]:
     """A fusion that upstream would benchmark, on a (pretend) 64 GiB CUDA device."""
     monkeypatch.setattr(sel, "_is_benchmarked_fusion", lambda _a, _b: True)
     monkeypatch.setattr(sel, "plan_for_fusion", lambda _a, _b: _plan())
@@ -42,8 +43,13 @@ def _should_fuse(result: Any) -> bool:
 
 
 def test_fusion_over_budget_is_not_benchmarked(fusion_on_gpu: DiskStore) -> None:
-    calls = []
-    guarded = sel._wrap_fusion(lambda self, a, b: calls.append(1) or True)
+    calls: list[int] = []
+
+    def upstream(self: Any, a: Any, b: Any) -> bool:
+        calls.append(1)
+        return True
+
+    guarded = sel._wrap_fusion(upstream)
     state.configure(ratio=1e-9)
     assert not _should_fuse(guarded(None, object(), object()))
     assert calls == []
@@ -135,5 +141,5 @@ def test_channels_last_input_needs_one_workspace_copy() -> None:
 
     cuda = torch.device("cuda", 0)
     nhwc, nchw = Node([65536, 1, 2048, 64]), Node([65536, 1024, 32, 1])
-    assert sel.extern_workspace_copies("convolution", cuda, Conv(), nhwc) == 1  # type: ignore[arg-type]
-    assert sel.extern_workspace_copies("convolution", cuda, Conv(), nchw) == 2  # type: ignore[arg-type]
+    assert sel.extern_workspace_copies("convolution", cuda, Conv(), nhwc) == 1
+    assert sel.extern_workspace_copies("convolution", cuda, Conv(), nchw) == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +147,7 @@ class FakeAutotuner:
 
 
 @pytest.fixture()
-def gpu_like(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> DiskStore:
+def gpu_like(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[DiskStore]:
     """The runtime guard as on a GPU: tensors "on cuda", 64 GiB device memory, a fresh store."""
     from prescreen.hooks import state, triton_autotune
 
