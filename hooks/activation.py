@@ -22,6 +22,7 @@ ENABLE_ENV = "PRESCREEN"
 VERBOSE_ENV = "PRESCREEN_VERBOSE"
 SELECT_MODULE = "torch._inductor.select_algorithm"
 NPU_MODULE = "torch_npu._inductor.codegen.triton"  # == prescreen.hooks.npu.NPU_MODULE
+NPU_RUNTIME_MODULE = "torch_npu._inductor.runtime.triton_heuristics"  # == prescreen.hooks.npu.RUNTIME_MODULE
 
 _lock = threading.RLock()
 _active = False
@@ -62,6 +63,12 @@ def _patch_npu(_module: ModuleType) -> None:
     npu.patch()
 
 
+def _patch_npu_runtime(_module: ModuleType) -> None:
+    from prescreen.hooks import npu
+
+    npu.patch_runtime()
+
+
 def install(
     *,
     store: Store | None = None,
@@ -88,6 +95,7 @@ def install(
             import torch._inductor.select_algorithm  # noqa: F401
         import_hook.when_imported(SELECT_MODULE, _patch_select)
         import_hook.when_imported(NPU_MODULE, _patch_npu)
+        import_hook.when_imported(NPU_RUNTIME_MODULE, _patch_npu_runtime)
         _active = True
         _announce(lazy)
 
@@ -111,6 +119,7 @@ def uninstall() -> None:
     with _lock:
         import_hook.forget(SELECT_MODULE)
         import_hook.forget(NPU_MODULE)
+        import_hook.forget(NPU_RUNTIME_MODULE)
         select_algorithm.unpatch()
         npu.unpatch()
         _active = False

@@ -54,7 +54,11 @@ def _upstream_globals(original: Callable[..., Any]) -> dict[str, Any]:
 
 def upstream_ratio(original: Callable[..., Any]) -> float:
     """The ratio torch_npu's method will use: its ``npu_config`` object's, read now."""
-    config = _upstream_globals(original).get("npu_config")
+    return config_ratio(_upstream_globals(original).get("npu_config"))
+
+
+def config_ratio(config: object) -> float:
+    """``config.symbolic_group_max_benchmark_memory_ratio`` where torch_npu would accept it; else ``Defer``."""
     value = getattr(config, RATIO_ATTR, None)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise Defer(f"npu_config.{RATIO_ATTR}={value!r} is not a number")
@@ -66,9 +70,13 @@ def upstream_ratio(original: Callable[..., Any]) -> float:
 
 def upstream_total_memory(original: Callable[..., Any], device: Any) -> int:
     """The total memory torch_npu's method will use for ``device``."""
-    torch_mod = _upstream_globals(original).get("torch")
+    return npu_total_memory(_upstream_globals(original).get("torch"), device)
+
+
+def npu_total_memory(torch_mod: Any, device: Any) -> int:
+    """``torch.npu.get_device_properties(device).total_memory``, as torch_npu reads it; else ``Defer``."""
     try:
-        total = int(torch_mod.npu.get_device_properties(device).total_memory)  # type: ignore[union-attr]
+        total = int(torch_mod.npu.get_device_properties(device).total_memory)
     except Exception as exc:
         raise Defer(f"torch.npu.get_device_properties({device!r}) failed: {exc!r}") from None
     if total <= 0:
@@ -76,9 +84,8 @@ def upstream_total_memory(original: Callable[..., Any], device: Any) -> int:
     return total
 
 
-def _process_fraction(original: Callable[..., Any], device: Any) -> float:
+def _process_fraction(torch_mod: Any, device: Any) -> float:
     """A ``set_per_process_memory_fraction`` cap, where torch.npu reports one (else 1.0)."""
-    torch_mod = _upstream_globals(original).get("torch")
     getter = getattr(getattr(torch_mod, "npu", None), "get_per_process_memory_fraction", None)
     if getter is None:
         return 1.0
@@ -96,14 +103,20 @@ def npu_budget(original: Callable[..., Any], device: Any) -> Budget:
     when its config was imported), not the variable read now. A per-process
     memory fraction lowers the total (the safe direction).
     """
-    ratio = upstream_ratio(original)
-    total = upstream_total_memory(original, device)
+    names = _upstream_globals(original)
+    return budget_from(names.get("npu_config"), names.get("torch"), device)
+
+
+def budget_from(config: object, torch_mod: Any, device: Any) -> Budget:
+    """torch_npu's budget from its config object and ``torch`` module, lowered by prescreen's overrides."""
+    ratio = config_ratio(config)
+    total = npu_total_memory(torch_mod, device)
     own_ratio, own_memory = state.overrides()
     if own_ratio is not None:
         ratio = min(ratio, own_ratio)
     if own_memory is not None:
         total = min(total, own_memory)
-    fraction = _process_fraction(original, device)
+    fraction = _process_fraction(torch_mod, device)
     if fraction < 1.0:
         total = max(1, int(total * fraction))
     return Budget("npu", total, ratio)
@@ -165,6 +178,93 @@ def unpatch_class(cls: type) -> None:
         setattr(cls, GUARD_METHOD, original)
 
 
+# --- learning from a real OOM in torch_npu's grouped benchmark (runtime) ------------------------------------
+
+RUNTIME_MODULE = "torch_npu._inductor.runtime.triton_heuristics"
+RUNTIME_CLASS = "NPUSymbolicGroupedAutotuner"
+RUNTIME_METHOD = "_autotune_all_groups"
+CONFIG_MODULE = "torch_npu._inductor.config"
+_ORIGINAL_RUNTIME_ATTR = "_prescreen_original_autotune_all_groups"
+
+
+def _tensor_device(args: tuple[Any, ...]) -> Any:
+    for value in args:
+        if hasattr(value, "device") and hasattr(value, "data_ptr"):
+            return value.device
+    return "npu"
+
+
+def learn_from_oom(autotuner: Any, args: tuple[Any, ...], exc: BaseException) -> str | None:
+    """Store an ``observed_oom`` fallback for the kernel whose grouped benchmark ``exc`` interrupted.
+
+    The key is the one the codegen hook looks up (the plan in the kernel's
+    ``inductor_meta``, torch_npu's budget), so the next compile of this kernel
+    takes the non-grouped path with auto-blockify and benchmarks no group.
+    Returns the key, or None when nothing could be stored.
+    """
+    from prescreen.hooks import oom
+    from prescreen.service import record_observed_oom
+
+    device = _tensor_device(args)
+    oom.release(device)
+    _check_semantics()
+    torch_mod = sys.modules.get("torch")
+    budget = budget_from(sys.modules.get(CONFIG_MODULE), torch_mod, device)
+    plan = KernelPlan.from_payload(dict(getattr(autotuner, "inductor_meta", None) or {}), unknown_keys="ignore")
+    outcome = record_observed_oom(plan, budget, state.get_store(), requested_bytes=oom.requested_bytes(exc),
+                                  free_bytes=oom.free_bytes(device), error=oom.describe(exc))
+    return outcome.key
+
+
+def patch_runtime_class(cls: type) -> None:
+    """Wrap ``cls._autotune_all_groups`` so an out-of-memory error in it is remembered (idempotent).
+
+    The error is still raised: the kernel was generated grouped, so this process
+    cannot switch paths (torch_npu's behaviour, unchanged); every later compile
+    of the kernel falls back at codegen from the stored ``observed_oom``.
+    """
+    current = getattr(cls, RUNTIME_METHOD)
+    if hasattr(current, _ORIGINAL_RUNTIME_ATTR):
+        return
+
+    @functools.wraps(current)
+    def remembered(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return current(self, *args, **kwargs)
+        except Exception as exc:
+            from prescreen.hooks import oom
+
+            if oom.is_oom(exc):
+                try:
+                    key = learn_from_oom(self, args, exc)
+                    log.warning("prescreen: torch_npu's grouped benchmark of %s ran out of memory; stored as "
+                                "observed_oom [key %s]: later compiles take the non-grouped path",
+                                getattr(self, "inductor_meta", {}).get("kernel_name", "?"), (key or "?")[:12])
+                except Exception as record_exc:
+                    log.warning("prescreen: could not record torch_npu's out-of-memory error (%r)", record_exc)
+            raise
+
+    setattr(remembered, _ORIGINAL_RUNTIME_ATTR, current)
+    setattr(cls, RUNTIME_METHOD, remembered)
+
+
+def unpatch_runtime_class(cls: type) -> None:
+    """Restore ``cls``'s original grouped-autotune method."""
+    original = getattr(getattr(cls, RUNTIME_METHOD, None), _ORIGINAL_RUNTIME_ATTR, None)
+    if original is not None:
+        setattr(cls, RUNTIME_METHOD, original)
+
+
+def patch_runtime() -> bool:
+    """Patch torch_npu's grouped runtime autotuner if its module is imported; True if patched."""
+    module = sys.modules.get(RUNTIME_MODULE)
+    cls = getattr(module, RUNTIME_CLASS, None) if module is not None else None
+    if cls is None or not callable(getattr(cls, RUNTIME_METHOD, None)):
+        return False
+    patch_runtime_class(cls)
+    return True
+
+
 def patch() -> bool:
     """Patch torch_npu if its Inductor codegen is already imported; True if patched."""
     module = sys.modules.get(NPU_MODULE)
@@ -180,8 +280,12 @@ def patch() -> bool:
 
 
 def unpatch() -> None:
-    """Restore torch_npu's original guard method, if it was patched."""
+    """Restore torch_npu's original methods, where they were patched."""
     module = sys.modules.get(NPU_MODULE)
     cls = getattr(module, NPU_CLASS, None) if module is not None else None
     if cls is not None:
         unpatch_class(cls)
+    runtime = sys.modules.get(RUNTIME_MODULE)
+    runtime_cls = getattr(runtime, RUNTIME_CLASS, None) if runtime is not None else None
+    if runtime_cls is not None:
+        unpatch_runtime_class(runtime_cls)

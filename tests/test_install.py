@@ -132,3 +132,4 @@ def test_lazy_install_constants_match_the_guards() -> None:
     from prescreen.hooks import activation, npu
 
     assert activation.NPU_MODULE == npu.NPU_MODULE
+    assert activation.NPU_RUNTIME_MODULE == npu.RUNTIME_MODULE

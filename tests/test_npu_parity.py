@@ -256,3 +256,59 @@ def test_unmirrored_torch_npu_release_defers(classes, tmp_path, monkeypatch) -> 
     assert semantics.npu_semantics("2.14.0.post2") == "torch_npu-2.14"
     assert semantics.npu_semantics("2.15.0") is None
     assert semantics.npu_semantics("banana") is None
+
+
+# --- learning from a real OOM in torch_npu's grouped runtime benchmark ----------------------------------------
+
+def test_oom_in_grouped_runtime_benchmark_makes_later_compiles_fall_back(classes, tmp_path, monkeypatch) -> None:
+    import sys
+
+    import torch
+
+    from prescreen.errors import Reason
+
+    upstream, hooked, namespace = classes
+    monkeypatch.delenv(NPU_RATIO_ENV, raising=False)
+    monkeypatch.delenv(RATIO_ENV, raising=False)
+    config = npu_wheel.import_upstream_npu_config()
+    namespace["npu_config"] = config
+    _MEMORY["total"] = 64 * GiB  # the estimate fits easily: torch_npu and prescreen both tune
+    monkeypatch.setitem(sys.modules, npu.CONFIG_MODULE, config)
+    monkeypatch.setattr(torch, "npu", namespace["torch"].npu, raising=False)  # what torch_npu's torch.npu reports
+    store = DiskStore(tmp_path)
+    state.reset()
+    state.configure(store=store)
+    assert _run(upstream, upstream_meta()) is True and _run(hooked, upstream_meta()) is True
+
+    class GroupedAutotuner:  # torch_npu's NPUSymbolicGroupedAutotuner, as far as the hook sees it
+        inductor_meta = _meta(upstream_meta())
+
+        def _autotune_all_groups(self, *args: object, **kwargs: object) -> None:
+            raise torch.OutOfMemoryError("NPU out of memory. Tried to allocate 2.00 GiB")
+
+    npu.patch_runtime_class(GroupedAutotuner)
+    npu.patch_runtime_class(GroupedAutotuner)  # idempotent
+    with pytest.raises(torch.OutOfMemoryError):  # this process dies as it would without prescreen
+        GroupedAutotuner()._autotune_all_groups(torch.zeros(1))
+    reasons = [e.decision.reason for e in store.entries()]
+    assert any(r.startswith(Reason.OBSERVED_OOM.value) for r in reasons), reasons
+    # the next compile (a new process: a fresh hook state over the same store) falls back at codegen
+    state.reset()
+    state.configure(store=DiskStore(tmp_path))
+    assert _run(upstream, upstream_meta()) is True
+    assert _run(hooked, upstream_meta()) is False
+    npu.unpatch_runtime_class(GroupedAutotuner)
+    assert not hasattr(GroupedAutotuner._autotune_all_groups, npu._ORIGINAL_RUNTIME_ATTR)
+
+
+def test_runtime_names_patched_exist_in_the_wheel() -> None:
+    import ast
+
+    if npu_wheel.npu_wheel_path() is None:
+        pytest.skip(npu_wheel.unavailable_reason())
+    source = npu_wheel.upstream_source(npu.RUNTIME_MODULE.replace(".", "/") + ".py")
+    cls = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == npu.RUNTIME_CLASS)
+    method = next(f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == npu.RUNTIME_METHOD)
+    assert [a.arg for a in method.args.args] == ["self"] and method.args.vararg and method.args.kwarg
+    config = npu_wheel.upstream_source(npu.CONFIG_MODULE.replace(".", "/") + ".py")
+    assert npu.RATIO_ATTR in config
