@@ -230,9 +230,14 @@ def plan_for_selection(name: str, input_nodes: Sequence[Any], layout: Any) -> Ke
         # the library workspace, in copies of (input + output): sized by the same expressions
         args.extend(conv.tensor(f"extern_workspace{copy}.input0", first, first.get_layout()))
         args.extend(conv.tensor(f"extern_workspace{copy}.output", out, layout))
-    flush = flush_buffer_bytes(layout.device)
+    return _benchmark_plan(conv, args, layout.device, f"select:{name}")
+
+
+def _benchmark_plan(conv: _Converter, args: list[TensorArg | WorkspaceArg], device: Any, kernel_name: str) -> KernelPlan:
+    """A plan of ``args`` plus the GPU benchmarker's flush buffer and slack, over ``conv``'s axes."""
+    flush = flush_buffer_bytes(device)
     if flush:
-        dev = str(layout.device)
+        dev = str(device)
         args.append(WorkspaceArg("benchmark.cache_flush", Const(flush), "torch.uint8", dev, "NONE"))
         args.append(WorkspaceArg("benchmark.slack", Const(GPU_SLACK_BYTES), "torch.uint8", dev, "NONE"))
     axes = tuple(sorted(conv.statics))
@@ -241,7 +246,7 @@ def plan_for_selection(name: str, input_nodes: Sequence[Any], layout: Any) -> Ke
         axis_names=axes,
         axis_static_values=tuple((a, conv.statics[a]) for a in axes),
         args=tuple(args),
-        kernel_name=f"select:{name}",
+        kernel_name=kernel_name,
         axis_labels=tuple((a, conv.labels[a]) for a in axes if a in conv.labels),
     )
 
@@ -414,19 +419,7 @@ def plan_for_fusion(node1: Any, node2: Any) -> KernelPlan:
         args.extend(conv.tensor(f"buf{i}", buf, layout))
         if name in reads and name in writes:
             args.extend(conv.tensor(f"buf{i}.clone", buf, layout))
-    flush = flush_buffer_bytes(device)
-    if flush:
-        dev = str(device)
-        args.append(WorkspaceArg("benchmark.cache_flush", Const(flush), "torch.uint8", dev, "NONE"))
-        args.append(WorkspaceArg("benchmark.slack", Const(GPU_SLACK_BYTES), "torch.uint8", dev, "NONE"))
-    axes = tuple(sorted(conv.statics))
-    return KernelPlan(
-        group_features=(),
-        axis_names=axes,
-        axis_static_values=tuple((a, conv.statics[a]) for a in axes),
-        args=tuple(args),
-        kernel_name="fusion:epilogue",
-    )
+    return _benchmark_plan(conv, args, device, "fusion:epilogue")
 
 
 def _fusion_device(node1: Any) -> Any:
