@@ -23,7 +23,7 @@ import inspect
 import logging
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from prescreen.budget import Budget
@@ -47,9 +47,10 @@ class Defer(Exception):
     """prescreen cannot mirror torch_npu here; the original method decides."""
 
 
-def _upstream_globals(original: Callable[..., Any]) -> dict[str, Any]:
-    fn = inspect.unwrap(original)
-    return dict(getattr(fn, "__globals__", None) or {})
+def _upstream_globals(original: Callable[..., Any]) -> Mapping[str, Any]:
+    """The module globals torch_npu's method reads (not copied: this runs at every decision)."""
+    names: Mapping[str, Any] = getattr(inspect.unwrap(original), "__globals__", None) or {}
+    return names
 
 
 def upstream_ratio(original: Callable[..., Any]) -> float:
@@ -155,27 +156,41 @@ def guard(self: Any, inductor_meta: dict[str, Any], device: Any, original: Calla
     getattr(self, DISABLE_METHOD)(inductor_meta, decision.reason)
 
 
-def patch_class(cls: type) -> None:
-    """Wrap ``cls``'s guard method (idempotent)."""
-    current = getattr(cls, GUARD_METHOD)
-    if hasattr(current, _ORIGINAL_ATTR):
-        return
-    if not callable(getattr(cls, DISABLE_METHOD, None)):
-        raise AttributeError(f"{cls.__name__} has no {DISABLE_METHOD}; torch_npu layout not recognised")
+def _wrap_method(cls: type, method: str, marker: str,
+                 wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Replace ``cls.<method>`` by ``wrapper(original)``, which keeps the original under ``marker``."""
+    current = getattr(cls, method)
+    wrapped = functools.wraps(current)(wrapper(current))
+    setattr(wrapped, marker, current)
+    setattr(cls, method, wrapped)
 
-    @functools.wraps(current)
+
+def _restore_method(cls: type, method: str, marker: str) -> None:
+    """Put back the original a :func:`_wrap_method` kept, if ``cls.<method>`` is wrapped."""
+    original = getattr(getattr(cls, method, None), marker, None)
+    if original is not None:
+        setattr(cls, method, original)
+
+
+def _guarding(current: Callable[..., Any]) -> Callable[..., Any]:
     def guarded(self: Any, inductor_meta: dict[str, Any], device: Any) -> None:
         guard(self, inductor_meta, device, current)
 
-    setattr(guarded, _ORIGINAL_ATTR, current)
-    setattr(cls, GUARD_METHOD, guarded)
+    return guarded
+
+
+def patch_class(cls: type) -> None:
+    """Wrap ``cls``'s guard method (idempotent)."""
+    if hasattr(getattr(cls, GUARD_METHOD), _ORIGINAL_ATTR):
+        return
+    if not callable(getattr(cls, DISABLE_METHOD, None)):
+        raise AttributeError(f"{cls.__name__} has no {DISABLE_METHOD}; torch_npu layout not recognised")
+    _wrap_method(cls, GUARD_METHOD, _ORIGINAL_ATTR, _guarding)
 
 
 def unpatch_class(cls: type) -> None:
     """Restore ``cls``'s original guard method."""
-    original = getattr(getattr(cls, GUARD_METHOD, None), _ORIGINAL_ATTR, None)
-    if original is not None:
-        setattr(cls, GUARD_METHOD, original)
+    _restore_method(cls, GUARD_METHOD, _ORIGINAL_ATTR)
 
 
 # --- learning from a real OOM in torch_npu's grouped benchmark (runtime) ------------------------------------
@@ -216,18 +231,7 @@ def learn_from_oom(autotuner: Any, args: tuple[Any, ...], exc: BaseException) ->
     return outcome.key
 
 
-def patch_runtime_class(cls: type) -> None:
-    """Wrap ``cls._autotune_all_groups`` so an out-of-memory error in it is remembered (idempotent).
-
-    The error is still raised: the kernel was generated grouped, so this process
-    cannot switch paths (torch_npu's behaviour, unchanged); every later compile
-    of the kernel falls back at codegen from the stored ``observed_oom``.
-    """
-    current = getattr(cls, RUNTIME_METHOD)
-    if hasattr(current, _ORIGINAL_RUNTIME_ATTR):
-        return
-
-    @functools.wraps(current)
+def _remembering(current: Callable[..., Any]) -> Callable[..., Any]:
     def remembered(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return current(self, *args, **kwargs)
@@ -244,15 +248,23 @@ def patch_runtime_class(cls: type) -> None:
                     log.warning("prescreen: could not record torch_npu's out-of-memory error (%r)", record_exc)
             raise
 
-    setattr(remembered, _ORIGINAL_RUNTIME_ATTR, current)
-    setattr(cls, RUNTIME_METHOD, remembered)
+    return remembered
+
+
+def patch_runtime_class(cls: type) -> None:
+    """Wrap ``cls._autotune_all_groups`` so an out-of-memory error in it is remembered (idempotent).
+
+    The error is still raised: the kernel was generated grouped, so this process
+    cannot switch paths (torch_npu's behaviour, unchanged); every later compile
+    of the kernel falls back at codegen from the stored ``observed_oom``.
+    """
+    if not hasattr(getattr(cls, RUNTIME_METHOD), _ORIGINAL_RUNTIME_ATTR):
+        _wrap_method(cls, RUNTIME_METHOD, _ORIGINAL_RUNTIME_ATTR, _remembering)
 
 
 def unpatch_runtime_class(cls: type) -> None:
     """Restore ``cls``'s original grouped-autotune method."""
-    original = getattr(getattr(cls, RUNTIME_METHOD, None), _ORIGINAL_RUNTIME_ATTR, None)
-    if original is not None:
-        setattr(cls, RUNTIME_METHOD, original)
+    _restore_method(cls, RUNTIME_METHOD, _ORIGINAL_RUNTIME_ATTR)
 
 
 def patch_runtime() -> bool:

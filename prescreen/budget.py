@@ -76,12 +76,12 @@ def parse_ratio(text: str | float, source: str = "ratio") -> float:
 
 def resolve_ratio(explicit: float | str | None = None) -> float:
     """Explicit value, else ``$PRESCREEN_...``, else torch_npu's env var, else 0.25."""
-    if explicit is not None:
-        return parse_ratio(explicit, "--ratio")
-    for env in (RATIO_ENV, NPU_RATIO_ENV):
-        raw = os.environ.get(env)
-        if raw is not None and raw.strip() != "":
-            return parse_ratio(raw, env)
+    own = ratio_override(explicit)
+    if own is not None:
+        return own
+    raw = os.environ.get(NPU_RATIO_ENV)
+    if raw is not None and raw.strip() != "":
+        return parse_ratio(raw, NPU_RATIO_ENV)
     return DEFAULT_RATIO
 
 
@@ -139,12 +139,9 @@ def device_memory(device: object = None, override: str | int | None = None) -> D
     kind = _device_kind(device)
     if override is not None:
         return DeviceMemory(kind, parse_memory(override), "override")
-    env = os.environ.get(MEMORY_ENV)
-    if env:
-        try:
-            return DeviceMemory(kind, parse_memory(env), "env")
-        except ConfigError as exc:
-            raise ConfigError(f"{MEMORY_ENV}: {exc}") from None
+    from_env = memory_override()
+    if from_env is not None:
+        return DeviceMemory(kind, from_env, "env")
     import torch
 
     if kind in ("cuda", "npu", "xpu"):
