@@ -130,6 +130,15 @@ def case_reduction_mutated() -> tuple[Callable[..., Any], tuple[Any, ...]]:
     return f, (torch.randn(2**16, 2**12, device=dev),)  # 1 GiB, mutated by a reduction kernel
 
 
+def _raise_peak() -> None:
+    """Allocate and free 3 GiB: the process's peak now leaves room for upstream to clone on the device."""
+    scratch = torch.empty(3 * 2**30, dtype=torch.uint8, device=dev)
+    del scratch
+
+
+#: Run after the peak is reset and before the compile (what the process did before).
+BEFORE_COMPILE: dict[str, Callable[[], None]] = {"pointwise_mutated_headroom": _raise_peak}
+
 CASES: dict[str, Case] = {
     "mm": case_mm,
     "mm_transposed": case_mm_t,
@@ -147,11 +156,21 @@ CASES: dict[str, Case] = {
     "flex_attention": case_flex,
     "pointwise_mutated": case_pointwise_mutated,
     "reduction_mutated": case_reduction_mutated,
+    "pointwise_mutated_headroom": case_pointwise_mutated,
 }
 
 
 class Meter:
-    """Nested step peaks with ``max_memory_allocated`` (a nested step's reset is folded into its parents)."""
+    """Step peaks over what was allocated when each step began.
+
+    Selection and fusion steps reset ``max_memory_allocated`` at entry (a nested
+    step's peak is folded into its parents, and a parent's estimate covers its
+    children's: each nested step is guarded by its own decision). Runtime
+    autotuning is measured from the allocator's trace instead
+    (``torch.cuda.memory._record_memory_history``): resetting the peak there would
+    change what upstream does, since under ``optimize_mem`` it clones a mutated
+    argument only when the clone fits under the peak reached so far.
+    """
 
     def __init__(self) -> None:
         self.stack: list[dict[str, Any]] = []
@@ -166,19 +185,49 @@ class Meter:
             frame["peak"] = max(frame["peak"], cur)
         return cur
 
-    def enter(self, kind: str, kernel: str, estimate: int | None) -> None:
+    def enter(self, kind: str, kernel: str, estimate: Callable[[], int | None]) -> None:
         self._fold()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        self.stack.append({"kind": kind, "kernel": kernel, "estimate": estimate, "base": base, "peak": base})
+        self.stack.append({"kind": kind, "kernel": kernel, "estimate": estimate(), "base": base, "peak": base,
+                           "children": 0})
 
     def exit(self) -> None:
         self._fold()
         frame = self.stack.pop()
-        step = frame["peak"] - frame["base"]
-        est = frame["estimate"]
-        self.steps.append({"kind": frame["kind"], "kernel": frame["kernel"], "estimate": est, "step_peak": step,
+        est = max(frame["estimate"] or 0, frame["children"]) or None
+        if self.stack:
+            self.stack[-1]["children"] = max(self.stack[-1]["children"], est or 0)
+        self._record(frame["kind"], frame["kernel"], est, frame["peak"] - frame["base"])
+
+    def _record(self, kind: str, kernel: str, est: int | None, step: int) -> None:
+        self.steps.append({"kind": kind, "kernel": kernel, "estimate": est, "step_peak": step,
                            "ratio": round(est / step, 3) if est and step > 0 else None})
+
+    def traced(self, kind: str, kernel: str, estimate: int | None, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` with the allocator's trace on, without touching the peak statistics."""
+        import inspect
+
+        record = torch.cuda.memory._record_memory_history
+        extra = {"clear_history": True} if "clear_history" in inspect.signature(record).parameters else {}
+        torch.cuda.synchronize()
+        record(enabled="all", context=None, stacks="python", max_entries=1_000_000, **extra)
+        try:
+            result = fn()
+            torch.cuda.synchronize()
+            trace = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
+        finally:
+            record(enabled=None)
+        running = peak = 0
+        for event in trace:
+            if event["action"] == "alloc":
+                running += event["size"]
+                peak = max(peak, running)
+            elif event["action"] == "free_completed":
+                running -= event["size"]
+        self._fold()
+        self._record(kind, kernel, estimate, peak)
+        return result
 
     def peak(self) -> int:
         self._fold()
@@ -195,9 +244,10 @@ def instrument(meter: Meter) -> None:
     from prescreen.hooks import select_algorithm as sel
     from prescreen.hooks import triton_autotune as rt
 
-    def estimate(plan_fn: Callable[[], Any]) -> int | None:
+    def estimate(plans_fn: Callable[[], Any]) -> int | None:
         try:
-            return decide(plan_fn(), _BUDGET).estimated_bytes
+            plans = plans_fn()
+            return max(decide(p, _BUDGET).estimated_bytes for p in (plans if isinstance(plans, list) else [plans]))
         except Exception as exc:  # a plan the guard cannot build is reported as such
             print(f"  (no estimate: {exc!r})")
             return None
@@ -205,7 +255,7 @@ def instrument(meter: Meter) -> None:
     inner_autotune = AlgorithmSelectorCache.autotune
 
     def autotune(self: Any, name: str, input_nodes: Any, layout: Any, *args: Any, **kwargs: Any) -> Any:
-        meter.enter("select", name, estimate(lambda: sel.plan_for_selection(name, input_nodes, layout)))
+        meter.enter("select", name, lambda: estimate(lambda: sel.plan_for_selection(name, input_nodes, layout)))
         try:
             return inner_autotune(self, name, input_nodes, layout, *args, **kwargs)
         finally:
@@ -224,7 +274,7 @@ def instrument(meter: Meter) -> None:
     def fusion(self: Any, node1: Any, node2: Any, *args: Any, **kwargs: Any) -> Any:
         if not benchmarked(node1, node2):
             return inner_fusion(self, node1, node2, *args, **kwargs)
-        meter.enter("fusion", "epilogue", estimate(lambda: sel.plan_for_fusion(node1, node2)))
+        meter.enter("fusion", "epilogue", lambda: estimate(lambda: sel.plans_for_fusion(self, node1, node2)))
         try:
             return inner_fusion(self, node1, node2, *args, **kwargs)
         finally:
@@ -237,12 +287,9 @@ def instrument(meter: Meter) -> None:
     def bench(self: Any, *args: Any, **kwargs: Any) -> Any:
         if len(self.launchers) <= 1:
             return inner_bench(self, *args, **kwargs)  # type: ignore[no-untyped-call]
-        meter.enter("runtime", getattr(self.fn, "__name__", "?"),
-                    estimate(lambda: rt.plan_for_autotuner(self, args, kwargs)))
-        try:
-            return inner_bench(self, *args, **kwargs)  # type: ignore[no-untyped-call]
-        finally:
-            meter.exit()
+        est = estimate(lambda: rt.plan_for_autotuner(self, args, kwargs))  # the allocator state upstream sees
+        return meter.traced("runtime", getattr(self.fn, "__name__", "?"), est,
+                            lambda: inner_bench(self, *args, **kwargs))  # type: ignore[no-untyped-call]
 
     CachingAutotuner.benchmark_all_configs = bench  # type: ignore[method-assign]
 
@@ -281,6 +328,7 @@ def run_case(name: str, meter: Meter) -> dict[str, Any]:
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
+    BEFORE_COMPILE.get(name, lambda: None)()
     meter.global_peak = base
     meter.steps = []
     largest_before = COUNTERS.largest_estimate
@@ -293,8 +341,7 @@ def run_case(name: str, meter: Meter) -> dict[str, Any]:
             out = compiled(*inputs)
         row["whole_peak"] = meter.peak() - base
         row["output_bytes"] = _nbytes(out)
-        if ref is not None and isinstance(out, torch.Tensor) and name not in ("pointwise_mutated",
-                                                                               "reduction_mutated"):
+        if ref is not None and isinstance(out, torch.Tensor) and "mutated" not in name:
             row["max_abs_err"] = float((out.float().cpu() - ref).abs().max())
         del out
         row["ok"] = True

@@ -395,31 +395,92 @@ def _is_benchmarked_fusion(node1: Any, node2: Any) -> bool:
     )
 
 
-def plan_for_fusion(node1: Any, node2: Any) -> KernelPlan:
-    """The epilogue-fusion benchmark: every buffer the fused kernel reads or writes, at its size
-    hints (``get_args`` synthesizes each one), a clone of each one both read and written, and
-    the flush buffer."""
-    from torch._inductor.virtualized import V
+def _dep_names(node: Any) -> tuple[set[str], set[str]]:
+    """Names of the buffers ``node`` reads and writes (weak ordering edges left out)."""
+    rw = node.read_writes
+    reads = {d.name for d in rw.reads if type(d).__name__ != "WeakDep"}
+    writes = {d.name for d in rw.writes if type(d).__name__ != "WeakDep"}
+    return reads, writes
 
-    conv = _Converter(V.graph.sizevars)
+
+def _kernel_args(scheduler: Any, nodes: Sequence[Any]) -> tuple[list[str], set[str]]:
+    """The buffers one benchmarked kernel of ``nodes`` takes, and those it mutates.
+
+    As Inductor's codegen does: reads produced inside the kernel are not
+    arguments, and a write every user of which is inside the kernel is removed
+    (``Scheduler.can_buffer_be_removed_through_fusion``; kept where that method
+    is missing). A buffer one node both reads and writes is mutated in place, and
+    ``benchmark_codegened_module`` clones it for every call.
+    """
+    names = {n.get_name() for node in nodes for n in node.get_nodes()}
+    removable = getattr(scheduler, "can_buffer_be_removed_through_fusion", None)
     reads: set[str] = set()
     writes: set[str] = set()
-    for node in (node1, node2):
-        rw = node.read_writes
-        reads.update(d.name for d in rw.reads if type(d).__name__ != "WeakDep")
-        writes.update(d.name for d in rw.writes if type(d).__name__ != "WeakDep")
-    args: list[TensorArg | WorkspaceArg] = []
-    device: Any = None
-    for i, name in enumerate(sorted(reads | writes)):
-        buf = V.graph.get_buffer(name)
-        if buf is None:
-            continue
-        layout = buf.get_layout()
-        device = device or getattr(layout, "device", None)
-        args.extend(conv.tensor(f"buf{i}", buf, layout))
-        if name in reads and name in writes:
-            args.extend(conv.tensor(f"buf{i}.clone", buf, layout))
-    return _benchmark_plan(conv, args, device, "fusion:epilogue")
+    mutated: set[str] = set()
+    for node in nodes:
+        r, w = _dep_names(node)
+        reads |= r
+        writes |= w
+        mutated |= r & w
+    kept = {w for w in writes if w in mutated or removable is None or not removable(w, names)}
+    return sorted((reads - writes) | kept | mutated), mutated
+
+
+def _fusion_kernels(node1: Any, node2: Any) -> list[tuple[str, list[Any]]]:
+    """The kernels ``speedup_by_fusion`` may benchmark: each non-template node alone, and the fusion.
+
+    A template node alone is the algorithm selection, benchmarked (and guarded)
+    by ``choice_timings``; the others go through ``benchmark_fused_nodes`` and the
+    fused kernel through ``benchmark_codegened_module``, one after another, each
+    on its own synthesized arguments.
+    """
+    alone = [(f"fusion:unfused{i}", [n]) for i, n in enumerate((node1, node2), 1) if not n.is_template()]
+    return [*alone, ("fusion:fused", [node1, node2])]
+
+
+def _graph_tensor(conv: "_Converter", label: str, name: str) -> list[TensorArg | WorkspaceArg]:
+    """One kernel argument: a graph buffer at its symbolic size, or a constant at its real size."""
+    from torch._inductor.virtualized import V
+
+    graph = V.graph
+    constant = getattr(graph, "constants", {}).get(name)
+    if constant is not None:
+        return [TensorArg(name=label, source="buffer", size=tuple(Const(int(d)) for d in constant.size()),
+                          stride=tuple(Const(int(s)) for s in constant.stride()), dtype=str(constant.dtype),
+                          device=str(constant.device))]
+    lookup = getattr(graph, "try_get_buffer", None) or graph.get_buffer
+    buf = lookup(name)
+    if buf is None:
+        raise LookupError(f"buffer {name!r} of a benchmarked fusion is not in the graph")
+    return conv.tensor(label, buf, buf.get_layout())
+
+
+def plans_for_fusion(scheduler: Any, node1: Any, node2: Any) -> list[KernelPlan]:
+    """One plan per kernel the epilogue-fusion step may benchmark (see ``_fusion_kernels``).
+
+    Each holds that kernel's arguments at their size hints (``get_args``
+    synthesizes every one), a clone of each argument it mutates, and the flush
+    buffer. The kernels are benchmarked one at a time, so the step's footprint is
+    the largest of these plans, not their union; the step tunes only if every
+    plan does.
+    """
+    from torch._inductor.virtualized import V
+
+    plans: list[KernelPlan] = []
+    for kernel_name, nodes in _fusion_kernels(node1, node2):
+        conv = _Converter(V.graph.sizevars)
+        names, mutated = _kernel_args(scheduler, nodes)
+        args: list[TensorArg | WorkspaceArg] = []
+        for i, name in enumerate(names):
+            args.extend(_graph_tensor(conv, f"buf{i}", name))
+            if name in mutated:
+                args.extend(_graph_tensor(conv, f"buf{i}.clone", name))
+        plans.append(_benchmark_plan(conv, args, _fusion_device(node1), kernel_name))
+    return plans
+
+
+def _same(plan: KernelPlan) -> KernelPlan:
+    return plan
 
 
 def _fusion_device(node1: Any) -> Any:
@@ -444,17 +505,20 @@ def _wrap_fusion(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def guarded_fusion(self: Any, node1: Any, node2: Any, *args: Any, **kwargs: Any) -> Any:
         device = None
+        plans: list[KernelPlan] = []
         try:
             if _is_benchmarked_fusion(node1, node2):
                 device = _fusion_device(node1)
-                plan = plan_for_fusion(node1, node2)
-                outcome = lookup_or_decide(plan, state.budget_for(device), state.get_store())
-                if not outcome.decision.tune:
-                    state.log_once(outcome.key, logging.WARNING,
-                                   "prescreen: skipping the epilogue-fusion benchmark, kernels left unfused: %s "
-                                   "[key %s, %s]", outcome.decision.reason, outcome.key[:12],
-                                   "store hit" if outcome.hit else "computed")
-                    return _no_fusion()
+                plans = plans_for_fusion(self, node1, node2)
+                budget, store = state.budget_for(device), state.get_store()
+                for plan in plans:
+                    outcome = lookup_or_decide(plan, budget, store)
+                    if not outcome.decision.tune:
+                        state.log_once(outcome.key, logging.WARNING,
+                                       "prescreen: skipping the epilogue-fusion benchmark, kernels left unfused: "
+                                       "%s: %s [key %s, %s]", plan.kernel_name, outcome.decision.reason,
+                                       outcome.key[:12], "store hit" if outcome.hit else "computed")
+                        return _no_fusion()
         except Exception as exc:  # never break a compile
             state.log_once(f"fusion-error:{type(exc).__name__}", logging.WARNING,
                            "prescreen: epilogue-fusion guard failed (%r); benchmarking as upstream would", exc)
@@ -468,8 +532,9 @@ def _wrap_fusion(original: Callable[..., Any]) -> Callable[..., Any]:
                 raise
             info = _oom_info(exc, device)
         oom.release(device)
-        _record_oom(lambda: plan_for_fusion(node1, node2), device, info, "the epilogue-fusion benchmark",
-                    "the unfused kernels")
+        for plan in plans:  # which kernel ran out is not known: every one falls back next time
+            _record_oom(functools.partial(_same, plan), device, info,
+                        f"the epilogue-fusion benchmark ({plan.kernel_name})", "the unfused kernels")
         return _no_fusion()
 
     setattr(guarded_fusion, _ORIGINAL_ATTR, original)

@@ -2,11 +2,13 @@
 
 A pointwise, reduction or template kernel compiled with several configs is
 benchmarked at its first call, on the real arguments. What that adds to the
-device is a clone of every argument the kernel mutates (``maybe_clone_args``;
-upstream copies them to the host instead when ``optimize_mem`` is set and the
-clone would raise the peak, so counting the clone is an upper bound) and the
-benchmarker's L2-flush buffer. The plan holds exactly those, at the concrete
-sizes of the call, so the key is the kernel's plan and sizes.
+device is the benchmarker's L2-flush buffer and a clone of each argument the
+kernel mutates (``maybe_clone_args``), except, under ``optimize_mem`` (the
+default in inference), the arguments upstream copies to the host instead:
+those whose clone would raise the process's peak (``copy_args_to_cpu_if_needed``).
+The plan mirrors that rule on the live allocator (``_device_clones``), so it
+holds exactly the clones upstream makes on the device, at the concrete sizes
+of the call; the key is the kernel's plan and sizes.
 
 Over budget the first config is taken without benchmarking (upstream's
 smallest safe choice: what runs when autotuning is off); the decision is
@@ -33,6 +35,9 @@ log = logging.getLogger("prescreen.hooks")
 MODULE = "torch._inductor.runtime.triton_heuristics"
 _ORIGINAL_ATTR = "_prescreen_original_benchmark_all_configs"
 
+#: Device types whose mutated args upstream may copy to the host under ``optimize_mem``.
+HOST_COPY_DEVICES: tuple[str, ...] = ("cuda", "xpu")
+
 
 def _storage_elements(size: Iterable[int], stride: Iterable[int]) -> int:
     size, stride = list(size), list(stride)
@@ -55,27 +60,89 @@ def _device_of(named: list[tuple[str, Any]]) -> Any:
     return None
 
 
-def plan_for_autotuner(autotuner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> KernelPlan:
-    """The runtime benchmark of one kernel: a clone of each mutated tensor arg, plus the flush buffer."""
+def _peak_headroom(device: Any) -> int | None:
+    """What upstream's ``copy_args_to_cpu_if_needed`` reads: the process's peak minus what is allocated.
+
+    None where upstream clones every mutated argument: no accelerator, or an
+    allocator without these statistics (a ``RuntimeError`` upstream too).
+    """
     import torch
 
-    from prescreen.hooks.select_algorithm import GPU_SLACK_BYTES, flush_buffer_bytes
+    try:
+        acc = getattr(torch, "accelerator", None)
+        if acc is not None and hasattr(acc, "max_memory_allocated"):
+            if acc.current_accelerator() is None:
+                return None
+            return int(acc.max_memory_allocated()) - int(acc.memory_allocated())
+        backend = getattr(torch, getattr(device, "type", "cuda"))
+        return int(backend.max_memory_allocated(device)) - int(backend.memory_allocated(device))
+    except (RuntimeError, AttributeError):
+        return None
+
+
+def _clone_bytes(value: Any) -> int:
+    return int(_storage_elements(value.size(), value.stride()) * value.element_size())
+
+
+def _greedy(candidates: list[tuple[str, Any]], budget: int) -> list[tuple[str, Any]]:
+    """Upstream's rule: in argument order, clone what fits in the budget left; the rest go to the host."""
+    kept = []
+    for name, value in candidates:
+        size = _clone_bytes(value)
+        if size <= budget:
+            budget -= size
+            kept.append((name, value))
+    return kept
+
+
+def _device_clones(autotuner: Any, named: list[tuple[str, Any]], device: Any, flush: int) -> list[tuple[str, Any]]:
+    """The mutated tensor args upstream clones on the device for the largest of its per-config benchmarks.
+
+    Without ``optimize_mem`` every one. With it, upstream decides per config:
+    what fits under the peak's headroom is cloned. The headroom can only grow
+    between configs (by the flush buffer and the clones of the config before),
+    so the budgets are followed to their fixed point and the set with the most
+    bytes is kept.
+    """
+    import torch
 
     mutated = set(getattr(autotuner, "mutated_arg_names", ()) or ())
+    candidates = [(n, v) for n, v in named if n in mutated and isinstance(v, torch.Tensor)]
+    if not candidates or not getattr(autotuner, "optimize_mem", False):
+        return candidates
+    on_device = [(n, v) for n, v in candidates if v.device.type in HOST_COPY_DEVICES]
+    always = [(n, v) for n, v in candidates if v.device.type not in HOST_COPY_DEVICES]  # upstream clones those
+    headroom = _peak_headroom(device)
+    if headroom is None:
+        return candidates
+    best: list[tuple[str, Any]] = []
+    budget, seen = max(headroom, 0), set[int]()
+    while budget not in seen and len(seen) < max(len(getattr(autotuner, "launchers", ())), 1):
+        seen.add(budget)
+        kept = _greedy(on_device, budget)
+        if sum(_clone_bytes(v) for _n, v in kept) > sum(_clone_bytes(v) for _n, v in best):
+            best = kept
+        budget = max(budget, flush + sum(_clone_bytes(v) for _n, v in kept))
+    return always + best
+
+
+def plan_for_autotuner(autotuner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> KernelPlan:
+    """The runtime benchmark of one kernel: the mutated args upstream clones on the device, and the flush buffer."""
+    from prescreen.hooks.select_algorithm import GPU_SLACK_BYTES, flush_buffer_bytes
+
     named = _named_args(autotuner, args, kwargs)
-    plan_args: list[TensorArg | WorkspaceArg] = []
-    for name, value in named:
-        if name in mutated and isinstance(value, torch.Tensor):
-            plan_args.append(TensorArg(
-                name=f"clone:{name}",
-                source="buffer",
-                size=tuple(Const(int(d)) for d in value.size()),
-                stride=tuple(Const(int(s)) for s in value.stride()),
-                dtype=str(value.dtype),
-                device=str(value.device),
-            ))
     device = _device_of(named)
     flush = flush_buffer_bytes(device)
+    plan_args: list[TensorArg | WorkspaceArg] = []
+    for name, value in _device_clones(autotuner, named, device, flush):
+        plan_args.append(TensorArg(
+            name=f"clone:{name}",
+            source="buffer",
+            size=tuple(Const(int(d)) for d in value.size()),
+            stride=tuple(Const(int(s)) for s in value.stride()),
+            dtype=str(value.dtype),
+            device=str(value.device),
+        ))
     if flush:
         dev = str(device)
         plan_args.append(WorkspaceArg("benchmark.cache_flush", Const(flush), "torch.uint8", dev, "NONE"))

@@ -29,7 +29,7 @@ def _plan() -> KernelPlan:
 def fusion_on_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[DiskStore]:
     """A fusion that upstream would benchmark, on a (pretend) 64 GiB CUDA device."""
     monkeypatch.setattr(sel, "_is_benchmarked_fusion", lambda _a, _b: True)
-    monkeypatch.setattr(sel, "plan_for_fusion", lambda _a, _b: _plan())
+    monkeypatch.setattr(sel, "plans_for_fusion", lambda _s, _a, _b: [_plan()])
     monkeypatch.setattr(sel, "_fusion_device", lambda _n: torch.device("cuda", 0))
     state.reset()
     store = DiskStore(tmp_path / "s")
@@ -83,6 +83,54 @@ def test_fusion_guard_error_lets_upstream_decide(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(sel, "_is_benchmarked_fusion", broken)
     assert sel._wrap_fusion(lambda self, a, b: "upstream")(None, object(), object()) == "upstream"
+
+
+def test_fusion_tunes_only_if_every_benchmarked_kernel_fits(monkeypatch: pytest.MonkeyPatch,
+                                                            fusion_on_gpu: DiskStore) -> None:
+    """The kernels are benchmarked one at a time: one plan each, and any plan over budget skips the step."""
+    small, big = _plan(), KernelPlan(group_features=(), axis_names=(), axis_static_values=(),
+                                     args=(TensorArg("buf0", "buffer", (Const(2**20), Const(2**14)),
+                                                     (Const(2**14), Const(1)), "torch.float16", "cuda:0"),),
+                                     kernel_name="fusion:fused")
+    monkeypatch.setattr(sel, "plans_for_fusion", lambda _s, _a, _b: [small, big])  # 32 MiB and 32 GiB
+    calls: list[int] = []
+    guarded = sel._wrap_fusion(lambda self, a, b: calls.append(1) or True)
+    assert not _should_fuse(guarded(None, object(), object())) and calls == []
+    assert sorted(e.decision.action for e in fusion_on_gpu.entries()) == ["fallback", "tune"]
+
+
+def test_fusion_plans_follow_inductors_kernel_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a real CPU compile: each kernel's plan holds the buffers its generated kernel takes.
+
+    ``x / x.sum(1)`` schedules a reduction and a pointwise node. Alone, the
+    reduction takes x and its row sums; the pointwise x, the sums and the
+    output; fused, the sums are kernel-local and removed: x and the output.
+    """
+    from torch._inductor import scheduler
+
+    from prescreen.budget import Budget
+    from prescreen.decision import decide
+
+    rows, cols = 256, 1024
+    seen: list[dict[str, int]] = []
+    original = scheduler.Scheduler.speedup_by_fusion
+
+    def spy(self: Any, node1: Any, node2: Any, *args: Any, **kwargs: Any) -> Any:
+        plans = sel.plans_for_fusion(self, node1, node2)
+        seen.append({p.kernel_name: decide(p, Budget("cpu", 2**40, 1.0)).estimated_bytes for p in plans})
+        return original(self, node1, node2, *args, **kwargs)
+
+    monkeypatch.setattr(scheduler.Scheduler, "speedup_by_fusion", spy)
+    torch._dynamo.reset()
+    x = torch.rand(rows, cols) + 1
+    from torch._inductor import config as inductor_config
+
+    with inductor_config.patch(force_disable_caches=True):
+        out = torch.compile(lambda t: t / t.sum(1, keepdim=True), backend="inductor")(x)
+    torch.testing.assert_close(out, x / x.sum(1, keepdim=True))
+    full, sums = rows * cols * 4, rows * 4
+    assert {"fusion:unfused1": full + sums, "fusion:unfused2": 2 * full + sums,
+            "fusion:fused": 2 * full} in seen
 
 
 def test_patch_installs_every_guard_and_unpatch_restores_upstream() -> None:

@@ -305,3 +305,52 @@ def test_cli_inspect_marks_and_clear_observed_removes_only_observed(tmp_path: Pa
     assert len(left) == 1 and left[0].decision.tune
     both = CliRunner().invoke(cli, ["--cache-dir", str(cache), "clear", "--observed", "--all", "--yes"], env=env)
     assert both.exit_code == 2 and "error:" in both.output
+
+
+class _MemTuner(FakeAutotuner):
+    """Three mutated args of 4, 2 and 1 MiB (float32), as ``optimize_mem`` (inference) compiles them."""
+
+    def __init__(self, optimize_mem: bool) -> None:
+        super().__init__(raise_oom=False)
+        self.fn.arg_names = ["in_out_ptr0", "in_out_ptr1", "in_out_ptr2", "xnumel"]  # type: ignore[misc]
+        self.mutated_arg_names = ["in_out_ptr0", "in_out_ptr1", "in_out_ptr2"]
+        self.optimize_mem = optimize_mem
+
+
+MIB = 2**20
+
+
+def _mem_args() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    return torch.zeros(MIB), torch.zeros(MIB // 2), torch.zeros(MIB // 4), MIB
+
+
+@pytest.mark.parametrize(("headroom", "flush", "expected"), [
+    (None, 0, ["in_out_ptr0", "in_out_ptr1", "in_out_ptr2"]),  # no allocator statistics: upstream clones all
+    (0, 0, []),                                                 # no headroom: every arg goes to the host
+    (3 * MIB, 0, ["in_out_ptr1", "in_out_ptr2"]),               # 4 MiB does not fit; 2 + 1 do
+    (7 * MIB, 0, ["in_out_ptr0", "in_out_ptr1", "in_out_ptr2"]),
+    # the peak rises between the three configs: headroom 0, then the flush (2 MiB: the 2 MiB arg is
+    # cloned), then flush + 2 MiB (the 4 MiB arg): the largest set any config clones is kept
+    (0, 2 * MIB, ["in_out_ptr0"]),
+    (MIB, 3 * MIB, ["in_out_ptr0", "in_out_ptr1", "in_out_ptr2"]),  # headroom 1 -> 4 -> 7 MiB
+])
+def test_runtime_plan_mirrors_upstreams_host_copy_rule(monkeypatch: pytest.MonkeyPatch, headroom: int | None,
+                                                       flush: int, expected: list[str]) -> None:
+    """Under ``optimize_mem`` upstream clones a mutated arg only if it fits under the peak's headroom."""
+    from prescreen.hooks import triton_autotune
+
+    monkeypatch.setattr(triton_autotune, "HOST_COPY_DEVICES", ("cpu",))
+    monkeypatch.setattr(triton_autotune, "_peak_headroom", lambda _device: headroom)
+    tuner = _MemTuner(optimize_mem=True)
+    named = triton_autotune._named_args(tuner, _mem_args(), {})
+    kept = triton_autotune._device_clones(tuner, named, torch.device("cpu"), flush)
+    assert [name for name, _ in kept] == expected
+
+
+def test_runtime_plan_without_optimize_mem_clones_every_mutated_arg(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prescreen.hooks import triton_autotune
+
+    monkeypatch.setattr(triton_autotune, "HOST_COPY_DEVICES", ("cpu",))
+    monkeypatch.setattr(triton_autotune, "_peak_headroom", lambda _device: 0)
+    plan = triton_autotune.plan_for_autotuner(_MemTuner(optimize_mem=False), _mem_args(), {})
+    assert [a.name for a in plan.args] == ["clone:in_out_ptr0", "clone:in_out_ptr1", "clone:in_out_ptr2"]
