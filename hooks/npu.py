@@ -23,7 +23,8 @@ import inspect
 import logging
 import math
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prescreen.budget import Budget
@@ -198,8 +199,23 @@ def unpatch_class(cls: type) -> None:
 RUNTIME_MODULE = "torch_npu._inductor.runtime.triton_heuristics"
 RUNTIME_CLASS = "NPUSymbolicGroupedAutotuner"
 RUNTIME_METHOD = "_autotune_all_groups"
+#: The grouped autotuner's setter of one group's winner (torch-npu 2.14), called for each fallback choice.
+SET_WINNER_METHOD = "_set_group_best_candidate"
 CONFIG_MODULE = "torch_npu._inductor.config"
 _ORIGINAL_RUNTIME_ATTR = "_prescreen_original_autotune_all_groups"
+
+
+@dataclass(frozen=True)
+class GroupChoice:
+    """The candidate one group runs with after an out-of-memory error, chosen without benchmarking."""
+
+    group_id: int
+    candidate: Mapping[str, Any]
+    launcher: Any
+
+    @property
+    def candidate_id(self) -> object:
+        return self.candidate.get("candidate_id")
 
 
 def _tensor_device(args: tuple[Any, ...]) -> Any:
@@ -209,54 +225,141 @@ def _tensor_device(args: tuple[Any, ...]) -> Any:
     return "npu"
 
 
-def learn_from_oom(autotuner: Any, args: tuple[Any, ...], exc: BaseException) -> str | None:
-    """Store an ``observed_oom`` fallback for the kernel whose grouped benchmark ``exc`` interrupted.
+def _sequence(name: str, value: object) -> Sequence[Any]:
+    if not isinstance(value, (tuple, list)):
+        raise Defer(f"{RUNTIME_CLASS}.{name} is {type(value).__name__}, not a sequence as in torch-npu 2.14")
+    return value
+
+
+def first_config_choices(autotuner: Any) -> tuple[GroupChoice, ...]:
+    """For every reachable group still without a winner, its first compiled, runnable candidate.
+
+    This is the choice torch_npu makes without benchmarking: a group's
+    candidates (``candidate_plan["group_to_candidates"][group_id]``) come in the
+    order of the configs its non-grouped heuristic generates at the group's
+    representative size, and where ``NPUCachingAutotuner.autotuner`` skips
+    benchmarking (one candidate, deterministic reductions) it takes the first
+    compiled one (``_first_compiled_candidate_entry``). Launchers are matched
+    to candidates and filtered as ``_build_grouped_benchmark_entries`` does
+    (``compiled_candidate_entries`` by ``candidate_id``, ``launcher.runnable``),
+    so no candidate the grouped benchmark could not have picked is chosen.
+    Nothing is allocated and nothing is launched here.
+
+    Raises ``Defer`` where the autotuner is not laid out as torch-npu 2.14's
+    ``NPUSymbolicGroupedAutotuner``, or a group has no runnable candidate (torch_npu
+    would fail there too): the caller then lets the error propagate.
+    """
+    plan = getattr(autotuner, "candidate_plan", None)
+    groups = _sequence("candidate_plan['group_to_candidates']",
+                       plan.get("group_to_candidates") if isinstance(plan, Mapping) else None)
+    keys = _sequence("reachable_selection_keys", getattr(autotuner, "reachable_selection_keys", None))
+    entries = _sequence("compiled_candidate_entries", getattr(autotuner, "compiled_candidate_entries", None))
+    winners = getattr(autotuner, "best_launcher_map", None)
+    if not isinstance(winners, Mapping) or not callable(getattr(autotuner, SET_WINNER_METHOD, None)):
+        raise Defer(f"{RUNTIME_CLASS} has no best_launcher_map / {SET_WINNER_METHOD} as in torch-npu 2.14")
+    try:
+        launchers = {entry["candidate"]["candidate_id"]: entry["launcher"] for entry in entries}
+        choices = []
+        for group_id in keys:
+            if group_id in winners:
+                continue
+            if isinstance(group_id, bool) or not isinstance(group_id, int) or not 0 <= group_id < len(groups):
+                raise Defer(f"reachable group {group_id!r} is not an index of group_to_candidates")
+            for candidate in groups[group_id]:
+                launcher = launchers.get(candidate["candidate_id"])
+                if launcher is not None and getattr(launcher, "runnable", False):
+                    choices.append(GroupChoice(group_id, candidate, launcher))
+                    break
+            else:
+                raise Defer(f"group {group_id} has no compiled, runnable candidate")
+    except (KeyError, TypeError) as exc:
+        raise Defer(f"{RUNTIME_CLASS}'s candidates are not laid out as in torch-npu 2.14 ({exc!r})") from None
+    return tuple(choices)
+
+
+def learn_from_oom(autotuner: Any, device: Any, requested_bytes: int | None, free_bytes: int | None,
+                   error: str) -> str:
+    """Store an ``observed_oom`` fallback for the kernel whose grouped benchmark ran out of memory.
 
     The key is the one the codegen hook looks up (the plan in the kernel's
     ``inductor_meta``, torch_npu's budget), so the next compile of this kernel
     takes the non-grouped path with auto-blockify and benchmarks no group.
-    Returns the key, or None when nothing could be stored.
+    Returns the key.
     """
-    from prescreen.hooks import oom
     from prescreen.service import record_observed_oom
 
-    device = _tensor_device(args)
-    oom.release(device)
     _check_semantics()
-    torch_mod = sys.modules.get("torch")
-    budget = budget_from(sys.modules.get(CONFIG_MODULE), torch_mod, device)
+    budget = budget_from(sys.modules.get(CONFIG_MODULE), sys.modules.get("torch"), device)
     plan = KernelPlan.from_payload(dict(getattr(autotuner, "inductor_meta", None) or {}), unknown_keys="ignore")
-    outcome = record_observed_oom(plan, budget, state.get_store(), requested_bytes=oom.requested_bytes(exc),
-                                  free_bytes=oom.free_bytes(device), error=oom.describe(exc))
+    outcome = record_observed_oom(plan, budget, state.get_store(), requested_bytes=requested_bytes,
+                                  free_bytes=free_bytes, error=error)
     return outcome.key
+
+
+def _fallback_choices(autotuner: Any) -> tuple[tuple[GroupChoice, ...] | None, str]:
+    """:func:`first_config_choices`, or None and why not (no exception leaves, so a re-raise keeps its context)."""
+    try:
+        return first_config_choices(autotuner), ""
+    except Defer as exc:
+        return None, str(exc)
+    except Exception as exc:  # an autotuner prescreen cannot read: torch_npu's behaviour
+        return None, repr(exc)
+
+
+def _record(autotuner: Any, device: Any, info: tuple[int | None, int | None, str], name: str) -> str:
+    """Store ``observed_oom`` (never raises); the key's first 12 characters, or "?"."""
+    try:
+        return learn_from_oom(autotuner, device, *info)[:12]
+    except Exception as exc:
+        log.warning("prescreen: could not record torch_npu's out-of-memory error in %s (%r)", name, exc)
+        return "?"
 
 
 def _remembering(current: Callable[..., Any]) -> Callable[..., Any]:
     def remembered(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from prescreen.hooks import oom
+
+        name = str((getattr(self, "inductor_meta", None) or {}).get("kernel_name", "?"))
         try:
             return current(self, *args, **kwargs)
         except Exception as exc:
-            from prescreen.hooks import oom
-
-            if oom.is_oom(exc):
-                try:
-                    key = learn_from_oom(self, args, exc)
-                    log.warning("prescreen: torch_npu's grouped benchmark of %s ran out of memory; stored as "
-                                "observed_oom [key %s]: later compiles take the non-grouped path",
-                                getattr(self, "inductor_meta", {}).get("kernel_name", "?"), (key or "?")[:12])
-                except Exception as record_exc:
-                    log.warning("prescreen: could not record torch_npu's out-of-memory error (%r)", record_exc)
-            raise
+            if not oom.is_oom(exc):
+                raise
+            device = _tensor_device(args)
+            info = (oom.requested_bytes(exc), oom.free_bytes(device), oom.describe(exc))
+            choices, why = _fallback_choices(self)
+            if choices is None:
+                oom.release(device)
+                key = _record(self, device, info, name)
+                log.warning("prescreen: torch_npu's grouped benchmark of %s ran out of memory (%s); stored as "
+                            "observed_oom [key %s]; no fallback in this process (%s): the error propagates as "
+                            "in torch_npu", name, info[2], key, why)
+                raise
+        # The error, its traceback and the failed step's frames (the benchmark tensors, the closures
+        # holding their launch arguments) are gone once the except block ends: give the memory back.
+        oom.release(device)
+        key = _record(self, device, info, name)
+        setter = getattr(self, SET_WINNER_METHOD)
+        for choice in choices:
+            setter(choice.group_id, choice.candidate, choice.launcher)
+        log.warning("prescreen: torch_npu's grouped benchmark of %s ran out of memory (%s; requested %s bytes, "
+                    "%s free); released its buffers, running each group's first config unbenchmarked (%s) and "
+                    "stored as observed_oom [key %s]: later compiles take the non-grouped path", name, info[2],
+                    info[0], info[1], ", ".join(f"group {c.group_id}: {c.candidate_id}" for c in choices), key)
+        return None
 
     return remembered
 
 
 def patch_runtime_class(cls: type) -> None:
-    """Wrap ``cls._autotune_all_groups`` so an out-of-memory error in it is remembered (idempotent).
+    """Wrap ``cls._autotune_all_groups`` so that the call completes after an out-of-memory error (idempotent).
 
-    The error is still raised: the kernel was generated grouped, so this process
-    cannot switch paths (torch_npu's behaviour, unchanged); every later compile
-    of the kernel falls back at codegen from the stored ``observed_oom``.
+    On an OOM the wrapper drops the failed step's frames, empties the device
+    cache, stores ``observed_oom`` under the codegen key (every later compile of
+    the kernel falls back at codegen) and gives every reachable group its first
+    compiled, runnable candidate without benchmarking (:func:`first_config_choices`),
+    so the kernel launches and the call returns as upstream's would. Where the
+    autotuner is not laid out as torch-npu 2.14's, the error is raised as before.
     """
     if not hasattr(getattr(cls, RUNTIME_METHOD), _ORIGINAL_RUNTIME_ATTR):
         _wrap_method(cls, RUNTIME_METHOD, _ORIGINAL_RUNTIME_ATTR, _remembering)

@@ -218,3 +218,193 @@ def upstream_kernel_class(total_memory: dict[str, int], config: object) -> tuple
     if missing:
         raise WheelUnavailable(f"{NPU_CLASS} in the wheel lacks {sorted(missing)}")
     return type("UpstreamKernel", (), body), namespace
+
+
+# --- torch_npu's grouped runtime autotuner, from the wheel's runtime/triton_heuristics.py --------------------
+
+TRITON_HEURISTICS = "torch_npu/_inductor/runtime/triton_heuristics.py"
+#: Classes taken whole from the wheel (every method theirs).
+RUNTIME_CLASSES = ("_NPUSkipPrecompilePlugin", "NPUCachingAutotuner", "NPUSymbolicGroupedAutotuner")
+#: Module-level functions taken from the wheel: the grouped candidate-plan builder and what it and the
+#: autotuner call.
+RUNTIME_FUNCTIONS = (
+    "_triton_config_npu_index_grouped", "build_grouped_launch_policy", "resolve_grouped_runtime_block",
+    "strip_runtime_blocks_from_cfg", "extract_runtime_blocks_from_cfg", "build_candidate_plan",
+    "_select_prerun_top_candidates", "_measure_prerun_ms",
+)
+
+
+class StandInConfig:
+    """``triton.Config`` as the grouped path reads it (Triton is not installed here): kwargs, warps, stages, pre_hook."""
+
+    def __init__(self, kwargs: dict[str, object], num_warps: int = 4, num_stages: int = 2, **_: object) -> None:
+        self.kwargs = dict(kwargs)
+        self.num_warps = num_warps
+        self.num_stages = num_stages
+        self.pre_hook = None
+
+    def __repr__(self) -> str:
+        return f"Config({self.kwargs}, num_warps={self.num_warps}, num_stages={self.num_stages})"
+
+
+class StandInDeviceInterface:
+    """The device interface ``get_device_interface()`` returns, on the host: one device, stream 0."""
+
+    @staticmethod
+    def current_device() -> int:
+        return 0
+
+    @staticmethod
+    def get_raw_stream(_device: int) -> int:
+        return 0
+
+    @staticmethod
+    def synchronize(_device: int | None = None) -> None:
+        return None
+
+    @staticmethod
+    def exchange_device(device: int) -> int:
+        return device
+
+    @staticmethod
+    def maybe_exchange_device(device: int) -> int:
+        return device
+
+
+class StandInCachingAutotuner:
+    """torch's ``CachingAutotuner``, reduced to the attributes and methods torch_npu's classes use on this path.
+
+    The wheel needs torch 2.14 (CI has 2.13 without Triton), so the base class is
+    this stand-in: ``__init__`` sets what torch's sets (``fn``, ``triton_meta``
+    with the device index, ``configs``, ``inductor_meta``, ``mutated_arg_names``,
+    ``heuristic_type``, ``compile_results``, ``launchers``, ``lock``, ...);
+    ``clone_args`` clones the mutated arguments (``maybe_clone_args``), through
+    ``allocate_clone`` so a test can account for and fail that allocation.
+    """
+
+    def __init__(self, fn: object, triton_meta: dict[str, object], configs: list[object], save_cache_hook: object,
+                 mutated_arg_names: list[str], optimize_mem: bool, heuristic_type: object,
+                 size_hints: object = None, inductor_meta: dict[str, object] | None = None,
+                 custom_kernel: bool = False, filename: str | None = None,
+                 reset_to_zero_arg_names: list[str] | None = None,
+                 autotune_cache_info: dict[str, object] | None = None) -> None:
+        import threading
+
+        self.fn = fn
+        self.triton_meta = {**triton_meta, "device": 0, "device_type": "npu"}
+        self.inductor_meta = {} if inductor_meta is None else inductor_meta
+        self.save_cache_hook = save_cache_hook
+        self.mutated_arg_names = mutated_arg_names
+        self.reset_to_zero_arg_names = [] if reset_to_zero_arg_names is None else reset_to_zero_arg_names
+        self.optimize_mem = optimize_mem
+        self.configs = configs
+        self.heuristic_type = heuristic_type
+        self.custom_kernel = custom_kernel
+        self.cuda_kernel_saved = False
+        self.autotune_cache_info = autotune_cache_info
+        self.compile_results: list[object] = []
+        self.launchers: list[object] = []
+        self.lock = threading.Lock()
+        self.size_hints = size_hints
+        self.filename = filename
+        self.precompile_time_taken_ns = 0
+        self.dump_launch_params = False
+        self.triton_interpret = False
+        self._plugins: list[object] = []
+
+    @property
+    def arg_names(self) -> list[str]:
+        return list(self.fn.arg_names)  # type: ignore[attr-defined]
+
+    def get_device_interface(self) -> type[StandInDeviceInterface]:
+        return StandInDeviceInterface
+
+    def allocate_clone(self, tensor: object) -> object:
+        return tensor.clone()  # type: ignore[attr-defined]
+
+    def clone_args(self, *args: object, **kwargs: object) -> tuple[list[object], dict[str, object]]:
+        names = list(self.fn.arg_names)  # type: ignore[attr-defined]
+        cloned = [self.allocate_clone(arg) if i < len(names) and names[i] in self.mutated_arg_names
+                  and hasattr(arg, "clone") else arg for i, arg in enumerate(args)]
+        return cloned, dict(kwargs)
+
+    def reset_to_zero_args(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+def _config_functions(config_cls: type) -> tuple[object, object]:
+    """torch's own ``config_to_dict`` / ``config_from_dict``, rebound to ``config_cls`` (no Triton here)."""
+    from torch._inductor.runtime import triton_heuristics as th
+
+    names = {**vars(th), "Config": config_cls}
+    to_dict = types.FunctionType(th.config_to_dict.__code__, names, "config_to_dict")
+    from_dict = types.FunctionType(th.config_from_dict.__code__, names, "config_from_dict")
+    return to_dict, from_dict
+
+
+def upstream_grouped_runtime(npu_config: object, benchmarker: object,
+                             legacy_configs: object) -> dict[str, object]:
+    """torch_npu's grouped runtime autotuner, executed from the wheel over stand-ins for what needs CANN or Triton.
+
+    From the wheel (every line theirs): the classes ``NPUCachingAutotuner`` and
+    ``NPUSymbolicGroupedAutotuner`` whole, and the plan builder
+    ``_triton_config_npu_index_grouped`` with the launch-policy and block helpers
+    (``RUNTIME_FUNCTIONS``), with the wheel's ``symbolic_grouping``. Stand-ins
+    (named ``StandIn*``): the base ``CachingAutotuner``, ``triton.Config``, the
+    device interface, ``npu_config`` (``npu_config``), the Triton benchmarker
+    (``benchmarker.benchmark_gpu``) and the per-size config generator
+    ``_triton_config_npu_index_legacy`` (``legacy_configs(size_hints, inductor_meta)``,
+    which needs TileGenerator). A subclass supplies ``_precompile_config`` (the
+    Triton compile). Returns the namespace the code runs in.
+    """
+    import copy
+    import functools
+    import time
+    import typing
+
+    import torch
+    from torch._dynamo.testing import rand_strided
+    from torch._inductor import config as inductor_config
+    from torch._inductor.runtime.hints import HeuristicType
+    from torch._inductor.runtime.triton_heuristics import DEFER, CachingAutotunerPlugin
+    from torch.utils._ordered_set import OrderedSet
+
+    grouping = load_upstream_symbolic_grouping()
+    source = upstream_source(TRITON_HEURISTICS)
+    tree = ast.parse(source)
+    to_dict, from_dict = _config_functions(StandInConfig)
+
+    class NoTritonConfigsError(RuntimeError):
+        pass
+
+    def legacy(size_hints: object, inductor_meta: object, **_: object) -> object:
+        return legacy_configs(size_hints, inductor_meta)  # type: ignore[operator]
+
+    namespace: dict[str, object] = {
+        "__name__": "_prescreen_upstream_triton_heuristics",
+        **{name: getattr(typing, name) for name in ("Any", "Dict", "List", "Optional", "Union", "Literal")},
+        "copy": copy, "functools": functools, "lru_cache": functools.lru_cache, "time": time, "logging": logging,
+        "os": os, "torch": torch, "rand_strided": rand_strided, "config": inductor_config,
+        "HeuristicType": HeuristicType, "DEFER": DEFER, "CachingAutotunerPlugin": CachingAutotunerPlugin,
+        "CachingAutotuner": StandInCachingAutotuner, "Config": StandInConfig, "TritonCompileResultNpu": object,
+        "OrderedSet": OrderedSet, "config_to_dict": to_dict, "config_from_dict": from_dict,
+        "NoTritonConfigsError": NoTritonConfigsError, "builtins": __import__("builtins"),
+        "UnsupportedGroupedPlan": grouping.UnsupportedGroupedPlan, "bucketize": grouping.bucketize,
+        "build_group_representatives": grouping.build_group_representatives,
+        "find_primary_feature_index": grouping.find_primary_feature_index,
+        "is_open_bucket_group": grouping.is_open_bucket_group,
+        "npu_config": npu_config, "log": logging.getLogger("upstream.triton_heuristics"),
+        "autotune_continue_on_failure": False, "benchmarker": benchmarker,
+        "npu_profiler_session_active": lambda: False, "warning_once": lambda _log, *a, **k: None,
+        "_triton_config_npu_index_legacy": legacy,
+    }
+    wanted = set(RUNTIME_CLASSES) | set(RUNTIME_FUNCTIONS)
+    found = set()
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name in wanted:
+            exec(ast.get_source_segment(source, node) or "", namespace)  # noqa: S102 - the wheel's own code
+            found.add(node.name)
+    missing = wanted - found
+    if missing:
+        raise WheelUnavailable(f"{TRITON_HEURISTICS} in the wheel lacks {sorted(missing)}")
+    return namespace
