@@ -14,6 +14,14 @@ ratio or device memory can only lower it. Anything prescreen cannot mirror
 exactly (a torch_npu release whose semantics it has not been checked against, a
 config value upstream would not accept, a payload upstream would read
 differently, any error) calls the original method instead.
+
+Also wraps ``NPUSymbolicGroupedAutotuner._autotune_all_groups``
+(``torch_npu._inductor.runtime.triton_heuristics``), the grouped benchmark run at
+a kernel's first call: on an out-of-memory error it releases the failed step's
+memory, stores ``observed_oom`` under the codegen key and finishes the step with
+each group's first compiled, runnable candidate, unbenchmarked
+(:func:`first_config_choices`); where it cannot mirror torch-npu 2.14 there, the
+error propagates as before.
 """
 
 from __future__ import annotations
@@ -245,10 +253,12 @@ def first_config_choices(autotuner: Any) -> tuple[GroupChoice, ...]:
     so no candidate the grouped benchmark could not have picked is chosen.
     Nothing is allocated and nothing is launched here.
 
-    Raises ``Defer`` where the autotuner is not laid out as torch-npu 2.14's
-    ``NPUSymbolicGroupedAutotuner``, or a group has no runnable candidate (torch_npu
-    would fail there too): the caller then lets the error propagate.
+    Raises ``Defer`` under a torch_npu release prescreen has not been checked
+    against, where the autotuner is not laid out as torch-npu 2.14's
+    ``NPUSymbolicGroupedAutotuner``, or where a group has no runnable candidate
+    (torch_npu would fail there too): the caller then lets the error propagate.
     """
+    _check_semantics()
     plan = getattr(autotuner, "candidate_plan", None)
     groups = _sequence("candidate_plan['group_to_candidates']",
                        plan.get("group_to_candidates") if isinstance(plan, Mapping) else None)

@@ -133,8 +133,11 @@ def kernel_meta() -> dict[str, Any]:
     return meta
 
 
+Runtime = tuple[dict[str, object], Benchmarker]
+
+
 @pytest.fixture(scope="module")
-def runtime() -> Iterator[tuple[dict[str, object], Benchmarker]]:
+def runtime() -> Iterator[Runtime]:
     if npu_wheel.npu_wheel_path() is None:
         pytest.skip(npu_wheel.unavailable_reason())
     bench = Benchmarker()
@@ -156,7 +159,7 @@ def store_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     state.reset()
 
 
-def make_kernel(runtime: tuple[dict[str, object], Benchmarker], capacity: int, hooked: bool = True) -> Any:
+def make_kernel(runtime: Runtime, capacity: int, hooked: bool = True) -> Any:
     """The wheel's grouped autotuner for the kernel, with its candidate plan built by the wheel's own builder."""
     namespace, bench = runtime
     meta = kernel_meta()
@@ -171,18 +174,20 @@ def make_kernel(runtime: tuple[dict[str, object], Benchmarker], capacity: int, h
                                  _device: object) -> torch.Tensor:  # the wheel's allocation hook
         numel = 0 if 0 in size else 1 + sum((d - 1) * s for d, s in zip(size, stride))
         make = lambda: torch.empty_strided(size, stride, dtype=dtype).fill_(1)  # noqa: E731
-        return self.device.allocate(make, numel * dtype.itemsize, len(bench.started))
+        device: Device = self.device
+        return device.allocate(make, numel * dtype.itemsize, len(bench.started))
 
     def allocate_clone(self: Any, tensor: torch.Tensor) -> torch.Tensor:
-        return self.device.allocate(tensor.clone, tensor.untyped_storage().nbytes(), len(bench.started))
+        device: Device = self.device
+        return device.allocate(tensor.clone, tensor.untyped_storage().nbytes(), len(bench.started))
 
     def bench_with_launch_args(self: Any, launcher: Any, *args: Any, **kwargs: Any) -> Any:
         bench.current = launcher
         return upstream_bench(self, launcher, *args, **kwargs)
 
-    base = namespace["NPUSymbolicGroupedAutotuner"]
-    upstream_bench = base._bench_with_launch_args  # type: ignore[attr-defined]
-    cls = type("GroupedKernel", (base,), {  # type: ignore[misc]
+    base: Any = namespace["NPUSymbolicGroupedAutotuner"]
+    upstream_bench = base._bench_with_launch_args
+    cls = type("GroupedKernel", (base,), {
         "_precompile_config": precompile_config, "_benchmark_tensor_factory": benchmark_tensor_factory,
         "allocate_clone": allocate_clone, "_bench_with_launch_args": bench_with_launch_args,
     })
@@ -217,7 +222,7 @@ def observed(store_dir: Path) -> list[Any]:
     return [e for e in DiskStore(store_dir).entries() if is_observed_oom(e.decision)]
 
 
-def test_without_oom_the_groups_are_benchmarked_and_nothing_is_stored(runtime, store_dir) -> None:
+def test_without_oom_the_groups_are_benchmarked_and_nothing_is_stored(runtime: Runtime, store_dir: Path) -> None:
     kernel = make_kernel(runtime, capacity=10**6)
     out, eager = call(kernel, 13)
     assert torch.equal(out, eager)
@@ -227,7 +232,7 @@ def test_without_oom_the_groups_are_benchmarked_and_nothing_is_stored(runtime, s
     assert observed(store_dir) == []
 
 
-def test_without_prescreen_the_oom_kills_the_call(runtime, store_dir) -> None:
+def test_without_prescreen_the_oom_kills_the_call(runtime: Runtime, store_dir: Path) -> None:
     kernel = make_kernel(runtime, capacity=SYNTH_GROUP0 + 100, hooked=False)
     with pytest.raises(torch.OutOfMemoryError):
         call(kernel, 13)
@@ -244,8 +249,9 @@ def test_without_prescreen_the_oom_kills_the_call(runtime, store_dir) -> None:
         ("benchmarking group 1", SYNTH_GROUP0 + SYNTH_GROUP1 + CLONE_GROUP0 + 1, 3, CLONE_GROUP1),
     ],
 )
-def test_oom_falls_back_to_each_groups_first_config_and_completes(runtime, store_dir, where, capacity,
-                                                                  benchmarks_before, requested) -> None:
+def test_oom_falls_back_to_each_groups_first_config_and_completes(runtime: Runtime, store_dir: Path, where: str,
+                                                                  capacity: int, benchmarks_before: int,
+                                                                  requested: int) -> None:
     kernel = make_kernel(runtime, capacity=capacity)
     calls = COUNTERS.observed_oom
     out, eager = call(kernel, 13)  # group 1 (x0 > 8)
@@ -275,7 +281,7 @@ def test_oom_falls_back_to_each_groups_first_config_and_completes(runtime, store
     assert len(runtime[1].started) == benchmarks_before and kernel.device.used == 0
 
 
-def test_a_later_compile_hits_the_observed_oom_and_takes_the_non_grouped_path(runtime, store_dir) -> None:
+def test_a_later_compile_hits_the_observed_oom_and_takes_the_non_grouped_path(runtime: Runtime, store_dir: Path) -> None:
     kernel = make_kernel(runtime, capacity=SYNTH_GROUP0 + 100)
     call(kernel, 13)
     assert len(observed(store_dir)) == 1
@@ -295,7 +301,7 @@ def test_a_later_compile_hits_the_observed_oom_and_takes_the_non_grouped_path(ru
     assert COUNTERS.estimator_calls == estimates, "a store hit, not a new estimate"
 
 
-def test_where_no_first_config_can_run_the_oom_propagates_and_is_still_stored(runtime, store_dir) -> None:
+def test_where_no_first_config_can_run_the_oom_propagates_and_is_still_stored(runtime: Runtime, store_dir: Path) -> None:
     kernel = make_kernel(runtime, capacity=SYNTH_GROUP0 + 100)
     kernel._precompile_variants()
     for launcher in kernel.launchers:
@@ -306,7 +312,7 @@ def test_where_no_first_config_can_run_the_oom_propagates_and_is_still_stored(ru
     assert len(observed(store_dir)) == 1
 
 
-def test_an_error_that_is_not_an_oom_propagates_unchanged(runtime, store_dir) -> None:
+def test_an_error_that_is_not_an_oom_propagates_unchanged(runtime: Runtime, store_dir: Path) -> None:
     kernel = make_kernel(runtime, capacity=10**6)
     boom = RuntimeError("grouped plan is missing benchmark_axis_values_by_group")
 
@@ -322,7 +328,7 @@ def test_an_error_that_is_not_an_oom_propagates_unchanged(runtime, store_dir) ->
 
 @pytest.mark.parametrize("damage", ["no plan", "plan without group_to_candidates", "no setter",
                                     "candidate without id", "group out of range"])
-def test_first_config_choices_defer_on_a_layout_that_is_not_2_14s(runtime, damage) -> None:
+def test_first_config_choices_defer_on_a_layout_that_is_not_2_14s(runtime: Runtime, damage: str) -> None:
     kernel = make_kernel(runtime, capacity=10**6)
     kernel._precompile_variants()
     assert [c.candidate_id for c in npu.first_config_choices(kernel)] == ["g0_c0", "g1_c0"]
@@ -339,3 +345,12 @@ def test_first_config_choices_defer_on_a_layout_that_is_not_2_14s(runtime, damag
         kernel.reachable_selection_keys = (0, 1, 2)
     with pytest.raises(npu.Defer):
         npu.first_config_choices(kernel)
+
+
+def test_under_an_unchecked_torch_npu_release_the_oom_propagates(runtime: Runtime, store_dir: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(npu, "installed_npu_version", lambda: "2.15.0")
+    kernel = make_kernel(runtime, capacity=SYNTH_GROUP0 + 100)
+    with pytest.raises(torch.OutOfMemoryError):
+        call(kernel, 13)
+    assert kernel.best_launcher_map == {} and len(runtime[1].started) == 0
