@@ -21,7 +21,9 @@ grouped benchmark synthesizes 176 bytes for group 0 and 352 for group 1.
 from __future__ import annotations
 
 import copy
+import json
 import math
+import subprocess
 import sys
 import types
 import weakref
@@ -299,6 +301,41 @@ def test_a_later_compile_hits_the_observed_oom_and_takes_the_non_grouped_path(ru
     assert theirs["group_enabled"] is True  # torch_npu's own estimate (560 bytes) fits 64 GiB: it would group
     assert ours["group_enabled"] is False  # the stored observed_oom: the non-grouped path
     assert COUNTERS.estimator_calls == estimates, "a store hit, not a new estimate"
+
+
+SECOND_PROCESS = """
+import json, sys, types
+sys.path.insert(0, {tests!r})
+import torch, npu_wheel
+from prescreen.hooks import npu, state
+from prescreen.service import COUNTERS
+from prescreen.store import DiskStore
+config = npu_wheel.import_upstream_npu_config()
+sys.modules[npu.CONFIG_MODULE] = config
+torch.npu = types.SimpleNamespace(get_device_properties=lambda _d: types.SimpleNamespace(total_memory=64 * 2**30))
+upstream, _ = npu_wheel.upstream_kernel_class({{"total": 64 * 2**30}}, config)
+hooked = type("HookedKernel", (upstream,), {{}})
+npu.patch_class(hooked)
+state.configure(store=DiskStore({store!r}))
+theirs, ours = json.loads({meta!r}), json.loads({meta!r})
+upstream()._disable_grouped_autotune_if_benchmark_too_large(theirs, "npu:0")
+hooked()._disable_grouped_autotune_if_benchmark_too_large(ours, "npu:0")
+print(json.dumps([theirs["group_enabled"], ours["group_enabled"], COUNTERS.estimator_calls, COUNTERS.hits]))
+"""
+
+
+def test_a_second_process_hits_the_stored_entry(runtime: Runtime, store_dir: Path) -> None:
+    kernel = make_kernel(runtime, capacity=SYNTH_GROUP0 + 100)
+    call(kernel, 13)
+    code = SECOND_PROCESS.format(tests=str(Path(__file__).parent), store=str(store_dir),
+                                 meta=json.dumps(kernel_meta()))
+    env = {k: v for k, v in __import__("os").environ.items() if k not in (NPU_RATIO_ENV, RATIO_ENV)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    theirs, ours, estimates, hits = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (theirs, ours) == (True, False)  # torch_npu alone would group; the stored observed_oom falls back
+    assert estimates == 0 and hits == 1
 
 
 def test_where_no_first_config_can_run_the_oom_propagates_and_is_still_stored(runtime: Runtime, store_dir: Path) -> None:
