@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, Union
 
 from prescreen.errors import NotBounded, Reason
 from prescreen.expr import Add, Axis, Const, Expr, FloorDiv, Mul, evaluate
 from prescreen.plan import KernelPlan, SizeArg, TensorArg, WorkspaceArg
-from prescreen.representatives import Group, GroupGrid, Representatives
+from prescreen.representatives import Group, GroupGrid, Representatives, RepsProgram
 
 if TYPE_CHECKING:  # numpy loads with the first large grid: reading a store never pays for it
     import numpy as np
@@ -663,6 +664,325 @@ def _flat_sum(parts: list[tuple[FlatColumn, int]], n: int) -> list[int]:
     return [t + const for t in totals] if const else totals
 
 
+# --- The compiled path ----------------------------------------------------------------------------
+#
+# Most plans' expressions are sums, products and floordivs by non-zero constants
+# over the axes, with known dtypes. For those, what the evaluation needs from
+# the plan alone (each distinct argument's size and stride expressions turned
+# into closures over the feature columns, with constant parts folded; item
+# sizes, weights of shared expressions and mutated clones; names and dtypes of
+# the dominant-argument candidates) is worked out once per plan object and kept
+# on it (``KernelPlan.cache``). Each call then computes the axis columns from
+# the representatives it is given and evaluates every distinct argument over
+# them. The general path above runs wherever this one does not apply: a plan
+# with an expression that can fail in some group (a runtime argument, a missing
+# axis, an unknown node or dtype, a floordiv by a non-constant or by zero, a
+# rank mismatch, a negative constant size), representatives not built by the
+# compiled ``build_representatives`` for this very plan object, a grid of more
+# than ``_SMALL_GRID`` groups, or a call where some size or stride comes out
+# negative (the general path then raises the plain loop's exact error).
+
+ColumnFn = Callable[[list[list[int]]], list[int]]
+Compiled = Union[int, ColumnFn]
+
+
+class _Unsupported(Exception):
+    """The compiled path does not cover this plan (the general path decides it)."""
+
+
+class _Negative(Exception):
+    """A size or stride is negative in some group: the general path raises the plain loop's error."""
+
+
+def _compile_expr(expr: Expr, slots: Mapping[str, int], constants: Mapping[str, int]) -> Compiled:
+    """An int (the same in every group) or a function of the feature columns giving one value per group."""
+    kind = type(expr)
+    if kind is Const:
+        return expr.value  # type: ignore[union-attr]
+    if kind is Axis:
+        name = expr.name  # type: ignore[union-attr]
+        if name in slots:
+            return operator.itemgetter(slots[name])
+        if name in constants:
+            return constants[name]
+        raise _Unsupported
+    if kind is Add or kind is Mul:
+        add = kind is Add
+        const = 0 if add else 1
+        fns: list[ColumnFn] = []
+        for operand in expr.operands:  # type: ignore[union-attr]
+            part = _compile_expr(operand, slots, constants)
+            if isinstance(part, int):
+                const = const + part if add else const * part
+            else:
+                fns.append(part)
+        if not fns or (not add and const == 0):  # nothing here can fail, so x * 0 is 0
+            return const
+        return _nary(fns, const, add)
+    if kind is FloorDiv:
+        num = _compile_expr(expr.numerator, slots, constants)  # type: ignore[union-attr]
+        den = _compile_expr(expr.denominator, slots, constants)  # type: ignore[union-attr]
+        if not isinstance(den, int) or den == 0:
+            raise _Unsupported
+        if isinstance(num, int):
+            return num // den
+        return _floordiv(num, den)
+    raise _Unsupported  # RuntimeArg, or an unknown node
+
+
+def _nary(fns: list[ColumnFn], const: int, add: bool) -> ColumnFn:
+    if len(fns) == 1:
+        f = fns[0]
+        if add:
+            return f if const == 0 else (lambda cols: [v + const for v in f(cols)])
+        return f if const == 1 else (lambda cols: [v * const for v in f(cols)])
+    first, rest = fns[0], fns[1:]
+
+    def combine(cols: list[list[int]]) -> list[int]:
+        acc = first(cols)
+        for f in rest:
+            acc = [u + v for u, v in zip(acc, f(cols))] if add else [u * v for u, v in zip(acc, f(cols))]
+        if add:
+            return acc if const == 0 else [v + const for v in acc]
+        return acc if const == 1 else [v * const for v in acc]
+
+    return combine
+
+
+def _floordiv(num: ColumnFn, den: int) -> ColumnFn:
+    return lambda cols: [v // den for v in num(cols)]
+
+
+NumelFn = Callable[[list[Any]], Union[int, list[int]]]
+
+
+def _checked(f: ColumnFn) -> ColumnFn:
+    """``f``, raising ``_Negative`` where some value is negative."""
+
+    def check(cols: list[Any]) -> list[int]:
+        col = f(cols)
+        if min(col) < 0:
+            raise _Negative
+        return col
+
+    return check
+
+
+def _compile_numel(
+    arg: TensorArg | WorkspaceArg, slots: Mapping[str, int], constants: Mapping[str, int]
+) -> tuple[NumelFn, tuple[Compiled, ...], tuple[Compiled, ...]]:
+    """Elements per group (an int, or a function of the feature columns), and the size and stride parts."""
+    if isinstance(arg, WorkspaceArg):
+        count = _compile_expr(arg.count, slots, constants)
+        if isinstance(count, int):
+            if count < 0:
+                raise _Unsupported
+            return (lambda cols: count), (count,), (1,)
+        checked = _checked(count)
+        return checked, (count,), (1,)
+    if len(arg.size) != len(arg.stride):
+        raise _Unsupported
+    sizes = tuple(_compile_expr(e, slots, constants) for e in arg.size)
+    strides = tuple(_compile_expr(e, slots, constants) for e in arg.stride)
+    base = 1
+    empty = False
+    dims: list[tuple[Compiled, Compiled]] = []  # the dims that vary
+    for d, s in zip(sizes, strides):
+        if isinstance(d, int) and d < 0 or isinstance(s, int) and s < 0:
+            raise _Unsupported  # negative in every group: the general path raises it
+        if isinstance(d, int) and d == 0:
+            empty = True  # zero elements in every group (a varying stride is still checked)
+        if isinstance(d, int) and isinstance(s, int):
+            if d != 0:
+                base += (d - 1) * s
+        else:
+            dims.append((d, s))
+    if not dims:
+        numel = 0 if empty else base
+        return (lambda cols: numel), sizes, strides
+    if len(dims) == 1 and not empty:  # the common case: one varying dim
+        d, s = dims[0]
+        if isinstance(s, int):  # 1 + ... + (u - 1) * s, zero where u == 0
+            size_col, offset = _checked(d), base - s  # type: ignore[arg-type]
+
+            def one_size(cols: list[Any]) -> list[int]:
+                col = size_col(cols)
+                if 0 in col:
+                    return [0 if u == 0 else u * s + offset for u in col]
+                return [u * s + offset for u in col]
+
+            return one_size, sizes, strides
+        if isinstance(d, int):  # 1 + ... + (d - 1) * v, d > 0 here
+            stride_col, factor = _checked(s), d - 1
+            return (lambda cols: [v * factor + base for v in stride_col(cols)]), sizes, strides
+    checked_dims = [(d if isinstance(d, int) else _checked(d), s if isinstance(s, int) else _checked(s))
+                    for d, s in dims]
+
+    def tensor(cols: list[Any]) -> int | list[int]:
+        acc: list[int] | None = None
+        zeros: list[list[int]] = []
+        for d, s in checked_dims:
+            if isinstance(d, int):
+                term = [(d - 1) * v for v in s(cols)]  # type: ignore[operator]
+            else:
+                dc = d(cols)
+                if 0 in dc:
+                    zeros.append(dc)
+                if isinstance(s, int):
+                    term = [(u - 1) * s for u in dc]
+                else:
+                    term = [(u - 1) * v for u, v in zip(dc, s(cols))]
+            acc = term if acc is None else [a + t for a, t in zip(acc, term)]
+        if empty:
+            return 0
+        assert acc is not None
+        column = [base + a for a in acc]
+        for dc in zeros:
+            column = [0 if u == 0 else a for a, u in zip(column, dc)]
+        return column
+
+    return tensor, sizes, strides
+
+
+class FootprintProgram:
+    """A plan's arguments compiled against its representatives' program (see above)."""
+
+    __slots__ = ("reps_program", "numels", "shapes", "keys", "itemsizes", "weights", "clone_weights", "names",
+                 "kinds", "dtypes")
+
+    def __init__(self, plan: KernelPlan, reps_program: RepsProgram) -> None:
+        self.reps_program = reps_program
+        args = _benchmark_args(plan)
+        base = reps_program.base_values  # the plan's axes: a group has a value for these only
+        slots = {axis: f for f, axis in enumerate(reps_program.varying_axes) if axis is not None and axis in base}
+        constants = {a: v for a, v in base.items() if a not in slots}
+        distinct = _Distinct(args)
+        if distinct.failed:
+            raise _Unsupported
+        compiled = [_compile_numel(arg, slots, constants) for arg in distinct.new]
+        self.numels = [c[0] for c in compiled]
+        self.shapes = [(c[1], c[2]) for c in compiled]
+        self.keys = distinct.keys
+        self.itemsizes = distinct.itemsizes
+        self.weights, self.clone_weights = distinct.weights(plan.mutated_arg_names)
+        self.names = [a.name for a in args]
+        self.kinds = [a.kind for a in args]
+        self.dtypes = [_canonical_dtype(a.dtype) for a in args]
+
+
+_NOT_COMPILED = object()  # marks a plan the compiled path does not cover
+
+
+def footprint_program(plan: KernelPlan, reps_program: RepsProgram) -> FootprintProgram | None:
+    """The compiled form of ``plan``'s arguments (made once per plan object), or None where it does not apply."""
+    cache = plan.cache
+    program = cache.footprint
+    if program is None or (program is not _NOT_COMPILED and program.reps_program is not reps_program):  # type: ignore[attr-defined]
+        try:
+            program = FootprintProgram(plan, reps_program)
+        except _Unsupported:
+            program = _NOT_COMPILED
+        cache.footprint = program
+    return program if isinstance(program, FootprintProgram) else None
+
+
+def _at(part: Compiled, cols: list[Any], index: int) -> int:
+    return part if isinstance(part, int) else part(cols)[index]
+
+
+def _run_compiled(program: FootprintProgram, grid: GroupGrid) -> Footprint:
+    n = grid._len
+    shape = grid.shape
+    if len(shape) == 1:
+        cols: list[Any] = list(grid.picks)  # one feature: its column is its picks, in group order
+    else:
+        cols = []
+        inner = 1
+        for f, pick in enumerate(grid.picks):
+            if isinstance(pick, tuple):
+                col = list(pick) if inner == 1 else [v for v in pick for _ in range(inner)]
+                cols.append(col if len(col) == n else col * (n // len(col)))
+            else:
+                cols.append(pick)
+            inner *= shape[-1 - f]
+    numels: list[Any] = [numel(cols) for numel in program.numels]
+    weights = program.weights
+    if len(numels) == 1:  # one distinct argument (or several of one shape)
+        col = numels[0]
+        w, c = weights[0], program.clone_weights[0]
+        if col.__class__ is int:
+            totals = [col * w] * n
+            peaks: list[int] = [col]
+            peak_clone = col * c
+        else:
+            totals = col if w == 1 else [v * w for v in col]
+            top = max(col)
+            peaks = [top]
+            peak_clone = top * c
+    else:
+        const = clone_const = 0
+        lists: list[list[int]] = []
+        clone_lists: list[list[int]] = []
+        peaks = []
+        for col, w, c in zip(numels, weights, program.clone_weights):
+            if col.__class__ is int:
+                const += col * w
+                clone_const += col * c
+                peaks.append(col)
+            else:
+                lists.append(col if w == 1 else [v * w for v in col])
+                if c:
+                    clone_lists.append(col if c == 1 else [v * c for v in col])
+                peaks.append(max(col))
+        if not lists:
+            totals = [const] * n
+        else:
+            if len(lists) == 1:
+                totals = lists[0]
+            elif len(lists) == 2:
+                totals = [a + b for a, b in zip(*lists)]
+            else:
+                totals = [sum(t) for t in zip(*lists)]
+            if const:
+                totals = [t + const for t in totals]
+        if clone_lists:
+            peak_clone = clone_const + (
+                max(clone_lists[0]) if len(clone_lists) == 1 else max([sum(t) for t in zip(*clone_lists)])
+            )
+        else:
+            peak_clone = clone_const
+    synthetic = sum(totals)
+    ids = grid.group_ids()
+    dominant: ArgFootprint | None = None
+    keys, itemsizes = program.keys, program.itemsizes
+    if keys:
+        if len(keys) == 1:
+            best, peak = 0, peaks[0] * itemsizes[0]
+            numel = numels[0]
+            at = 0 if numel.__class__ is int else numel.index(peaks[0])
+        else:
+            peak = max([peaks[k] * w for k, w in zip(keys, itemsizes)])
+            at = best = -1
+            for i, (k, w) in enumerate(zip(keys, itemsizes)):
+                if peaks[k] * w == peak:
+                    numel = numels[k]
+                    first = 0 if numel.__class__ is int else numel.index(peaks[k])
+                    if at < 0 or first < at:
+                        at, best = first, i
+        sizes, strides = program.shapes[keys[best]]
+        dominant = ArgFootprint(
+            ids[at],
+            program.names[best],
+            program.kinds[best],
+            program.dtypes[best],
+            tuple([_at(d, cols, at) for d in sizes]),
+            tuple([_at(s, cols, at) for s in strides]),
+            peak,
+        )
+    return Footprint(synthetic, peak_clone, synthetic + peak_clone, tuple(zip(ids, totals)),
+                     ids[totals.index(max(totals))], dominant)
+
+
 def estimate_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
     """Estimate the bytes the grouped autotune benchmark synthesizes; fails closed.
 
@@ -670,8 +990,17 @@ def estimate_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
     arguments) gives, including the first failure, the dominant argument and
     every tie, but evaluates each expression once over the groups (see above).
     """
-    args = _benchmark_args(plan)
     groups = reps.groups
+    if isinstance(groups, GroupGrid) and groups.program is not None and len(groups) <= _SMALL_GRID:
+        reps_prog = plan.cache.representatives
+        if groups.program is reps_prog:  # built by the compiled path for this plan object
+            program = footprint_program(plan, reps_prog)
+            if program is not None:
+                try:
+                    return _run_compiled(program, groups)
+                except _Negative:
+                    pass
+    args = _benchmark_args(plan)
     n_groups = len(groups)
     if not n_groups:
         return Footprint(0, 0, 0, (), None, None)

@@ -181,6 +181,28 @@ class SizeArg:
 ArgSpec = Union[TensorArg, WorkspaceArg, SizeArg]
 
 
+class PlanCache:
+    """Scratch space on one plan object for what later layers derive from the plan's own content.
+
+    The estimator keeps its compiled form of the plan here, the key module the
+    plan's hashes, the service its last lookup; each is a pure function of the
+    (frozen) plan, or checked against what it depends on, so equal plans give
+    equal answers whether or not their cache is filled. It is never part of the
+    plan's value (equality, hash, repr, payload) and is not copied or pickled.
+    """
+
+    __slots__ = ("representatives", "footprint", "hashes", "lookup")
+
+    def __init__(self) -> None:
+        self.representatives: object = None
+        self.footprint: object = None
+        self.hashes: object = None
+        self.lookup: object = None
+
+    def __reduce__(self) -> tuple[type["PlanCache"], tuple[()]]:
+        return PlanCache, ()  # a copy or an unpickled plan starts empty
+
+
 def _dtype_name(value: object, field: str) -> str:
     """``torch.float16`` objects and strings both become ``"torch.float16"``."""
     if isinstance(value, str):
@@ -233,6 +255,16 @@ class KernelPlan:
     mutated_arg_names: tuple[str, ...] = ()
     kernel_name: str = ""
     axis_labels: tuple[tuple[str, str], ...] = ()  # (axis, family shown to users); not hashed
+    _cache: PlanCache | None = dataclasses.field(default=None, init=False, repr=False, compare=False, hash=False)
+
+    @property
+    def cache(self) -> PlanCache:
+        """This object's ``PlanCache`` (made on first use; see there)."""
+        found = self._cache
+        if found is None:
+            found = PlanCache()
+            object.__setattr__(self, "_cache", found)
+        return found
 
     @property
     def is_dynamic(self) -> bool:
