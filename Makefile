@@ -52,9 +52,9 @@ bench: install
 # mypy sees the package as it is installed: hooks/ is the import package prescreen.hooks.
 TYPECHECK := build/typecheck
 lint: install
-	$(VPY) -m ruff check prescreen hooks tests bench examples
-	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK) && cp -r prescreen $(TYPECHECK)/ && cp -r hooks $(TYPECHECK)/prescreen/hooks
-	cd $(TYPECHECK) && ../../$(VPY) -m mypy --config-file ../../pyproject.toml prescreen
+	$(VPY) -m ruff check prescreen hooks _prescreen_autoload.py tests bench examples
+	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK) && cp -r prescreen $(TYPECHECK)/ && cp -r hooks $(TYPECHECK)/prescreen/hooks && cp _prescreen_autoload.py $(TYPECHECK)/
+	cd $(TYPECHECK) && ../../$(VPY) -m mypy --config-file ../../pyproject.toml prescreen _prescreen_autoload.py
 
 clean:
 	rm -rf $(CACHE) build dist *.egg-info .pytest_cache

@@ -1,9 +1,13 @@
-"""``import torch`` entry point (group ``torch.backends``): ``PRESCREEN=1`` installs the hooks.
+"""prescreen's ``import torch`` entry point (group ``torch.backends``): ``PRESCREEN=1`` installs the hooks.
 
 torch calls :func:`autoload` at the end of every ``import torch`` in an
-environment where prescreen is installed, and turns any exception into a failed
-``import torch``. So this module imports only the standard library, does nothing
-unless ``PRESCREEN`` is set to a true value, and never raises.
+environment where prescreen is installed, and turns any exception, including
+one raised while importing the entry point's module, into a failed ``import
+torch``. So this is a top-level module with a name no project uses: were it
+``prescreen.hooks.autoload``, a ``prescreen`` package or module in the user's
+working directory would shadow ours and break every ``import torch``. It
+imports only the standard library, does nothing unless ``PRESCREEN`` is set to
+a true value, and never raises.
 """
 
 from __future__ import annotations

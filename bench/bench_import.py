@@ -40,7 +40,7 @@ def _time(env: dict[str, str], cwd: str) -> float:
 
 def _entry_point_cost() -> float:
     code = ("import time, os; os.environ.pop('PRESCREEN', None); t = time.perf_counter(); "
-            "from prescreen.hooks.autoload import autoload; autoload(); print(time.perf_counter() - t)")
+            "from _prescreen_autoload import autoload; autoload(); print(time.perf_counter() - t)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(out.stdout)
 

@@ -1,7 +1,7 @@
 """prescreen: ahead-of-time pre-screening of Inductor autotune benchmark footprints.
 
 The public names are loaded on first use (PEP 562), so ``import prescreen`` and
-its entry points (``prescreen.hooks.autoload``, the CLI's ``--help``) cost only
+its entry points (the ``import torch`` hook, the CLI's ``--help``) cost only
 the standard library until something is actually asked for.
 """
 

@@ -20,8 +20,9 @@ import prescreen
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: What a process that did not opt in may load from prescreen during ``import torch``.
-AUTOLOAD_MODULES = {"prescreen", "prescreen.hooks", "prescreen.hooks.autoload"}
+#: What a process that did not opt in may load from prescreen during ``import torch``: the entry
+#: point's own top-level module, nothing under ``prescreen``.
+AUTOLOAD_MODULES = {"_prescreen_autoload"}
 
 
 def _run(code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -45,17 +46,19 @@ def test_tests_run_against_the_installed_wheel() -> None:
         assert not path.is_relative_to(ROOT / "prescreen") and not path.is_relative_to(ROOT / "hooks"), path
 
 
-def test_entry_points_name_prescreen_namespace_only() -> None:
-    for group in ("torch.backends", "torch_dynamo_backends"):
-        ours = [ep for ep in entry_points(group=group) if ep.name == "prescreen"]
-        assert ours, f"no prescreen entry point in {group}"
-        assert all(ep.value.startswith("prescreen.hooks.") for ep in ours), [ep.value for ep in ours]
+def test_entry_points_name_prescreen_modules_only() -> None:
+    """The backend lives under ``prescreen.hooks``; the ``import torch`` hook in its own top-level module."""
+    expected = {"torch.backends": "_prescreen_autoload:autoload",
+                "torch_dynamo_backends": "prescreen.hooks.backend:prescreen_backend"}
+    for group, value in expected.items():
+        ours = [ep.value for ep in entry_points(group=group) if ep.name == "prescreen"]
+        assert ours == [value], (group, ours)
 
 
 CHECK = """
 import sys, torch
 act = sys.modules.get("prescreen.hooks.activation")
-loaded = sorted(m for m in sys.modules if m == "prescreen" or m.startswith("prescreen."))
+loaded = sorted(m for m in sys.modules if m == "_prescreen_autoload" or m.split(".")[0] == "prescreen")
 print("RESULT " + __import__("json").dumps({"installed": bool(act and act.is_installed()), "loaded": loaded}))
 """
 
@@ -89,15 +92,38 @@ def test_import_torch_beside_a_user_hooks_module(tmp_path: Path, layout: str, en
     assert "the user hooks module was imported" in mine.stderr
 
 
+def _user_prescreen(tmp_path: Path, layout: str) -> Path:
+    """A working directory with its own ``prescreen`` (a project of that name, or a source checkout)."""
+    repo = tmp_path / f"own-{layout}"
+    if layout == "module":
+        repo.mkdir()
+        (repo / "prescreen.py").write_text("MINE = True\n")
+    else:
+        (repo / "prescreen").mkdir(parents=True)
+        (repo / "prescreen" / "__init__.py").write_text("MINE = True\n")
+    return repo
+
+
+@pytest.mark.parametrize("layout", ["module", "package"])
+@pytest.mark.parametrize("enable", ["", "1"])
+def test_import_torch_beside_a_user_prescreen(tmp_path: Path, layout: str, enable: str) -> None:
+    """A ``prescreen`` in the working directory shadows ours: ``import torch`` must still work."""
+    repo = _user_prescreen(tmp_path, layout)
+    env = {"PRESCREEN": enable} if enable else {}
+    proc = _run("import torch, prescreen; print('OK', prescreen.MINE)", repo, **env)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK True"), proc.stderr[-3000:]
+
+
 def test_autoload_imports_only_the_standard_library(tmp_path: Path) -> None:
     code = """
 import sys
 before = set(sys.modules)
-from prescreen.hooks.autoload import autoload
+from _prescreen_autoload import autoload
 autoload()
 new = sorted(m for m in set(sys.modules) - before
-             if m.split(".")[0] not in sys.stdlib_module_names and m.split(".")[0] != "prescreen")
-extra = sorted(m for m in set(sys.modules) - before if m.startswith("prescreen") and m not in {mods})
+             if m.split(".")[0] not in sys.stdlib_module_names and "prescreen" not in m)
+extra = sorted(m for m in set(sys.modules) - before
+               if (m == "_prescreen_autoload" or m.split(".")[0] == "prescreen") and m not in {mods})
 print("NEW", new, extra)
 """.replace("{mods}", repr(AUTOLOAD_MODULES))
     proc = _run(code, tmp_path)
@@ -117,8 +143,8 @@ def test_import_torch_survives_bad_configuration(tmp_path: Path, env: dict[str, 
 
 
 def test_autoload_never_raises_even_if_install_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    import _prescreen_autoload as autoload
     import prescreen.hooks.activation as activation
-    from prescreen.hooks import autoload
 
     def boom(**_: object) -> None:
         raise RuntimeError("install exploded")
