@@ -191,11 +191,10 @@ class PlanCache:
     plan's value (equality, hash, repr, payload) and is not copied or pickled.
     """
 
-    __slots__ = ("representatives", "footprint", "hashes", "lookup")
+    __slots__ = ("representatives", "hashes", "lookup")
 
     def __init__(self) -> None:
         self.representatives: object = None
-        self.footprint: object = None
         self.hashes: object = None
         self.lookup: object = None
 

@@ -335,7 +335,7 @@ FeatureSpec = tuple[int, tuple[int, ...], tuple[str, ...], Union[str, None], int
 class RepsProgram:
     """A plan's features, compiled: per feature ``(kind, buckets, axis names, axis, factor, statics)``."""
 
-    __slots__ = ("features", "axis_names", "base_values", "varying_axes", "group_count")
+    __slots__ = ("features", "axis_names", "base_values", "varying_axes", "group_count", "footprint")
 
     def __init__(
         self,
@@ -349,6 +349,8 @@ class RepsProgram:
         #: per feature, the axis whose value varies with its bucket (None: it varies none)
         self.varying_axes = tuple(f[3] if f[0] != _STATIC else None for f in features)
         self.group_count = math.prod(len(f[1]) + 1 for f in features)
+        #: the estimator's compiled form of the same plan object's arguments (``prescreen.footprint``)
+        self.footprint: object = None
 
 
 _NO_PROGRAM = RepsProgram((), (), {})  # marks a plan the compiled path does not cover
@@ -401,6 +403,21 @@ def reps_program(plan: KernelPlan) -> RepsProgram | None:
     return None if program is _NO_PROGRAM else program
 
 
+_new = object.__new__
+_set_count, _set_groups, _set_unreachable = (
+    Representatives.__dict__[name].__set__ for name in ("group_count", "groups", "unreachable_group_ids")
+)
+
+
+def _representatives(count: int, groups: GroupGrid, unreachable: tuple[int, ...]) -> Representatives:
+    """``Representatives(count, groups, unreachable)`` without the frozen dataclass's per-field guard."""
+    out = _new(Representatives)
+    _set_count(out, count)
+    _set_groups(out, groups)
+    _set_unreachable(out, unreachable)
+    return out
+
+
 def _choices(
     spec: FeatureSpec,
     pick: tuple[int, ...] | int,
@@ -449,7 +466,7 @@ def _compiled(program: RepsProgram) -> Representatives:
     grid.picks = tuple(picks)
     count = program.group_count
     if n == count:
-        return Representatives(count, grid, ())
+        return _representatives(count, grid, ())
     reachable = set(grid.group_ids())
     return Representatives(count, grid, tuple([i for i in range(count) if i not in reachable]))
 

@@ -77,7 +77,8 @@ def test_compiled_footprint_equals_the_plain_loop_and_runs_where_it_applies(plan
     with mock.patch.object(footprint, "_run_compiled", wraps=footprint._run_compiled) as spy:
         assert outcome(estimate_footprint, plan, reps) == expected
     event("compiled" if spy.called else "general")
-    if footprint.footprint_program(plan, plan.cache.representatives) is not None:  # type: ignore[arg-type]
+    program = plan.cache.representatives
+    if program is not None and footprint.footprint_program(program, plan) is not None:  # type: ignore[arg-type]
         assert spy.called or len(reps.groups) > footprint._SMALL_GRID
     # Representatives of an equal plan object are not this object's: the general path, same result.
     twin = dataclasses.replace(plan)
@@ -109,7 +110,7 @@ def test_a_typical_plan_takes_the_compiled_path_and_equal_plans_share_nothing() 
     assert "cache" not in repr(plan)
     for other in (pickle.loads(pickle.dumps(plan)), copy.deepcopy(plan), dataclasses.replace(plan)):
         assert other == plan
-        assert other.cache.footprint is None and other.cache.representatives is None
+        assert other.cache.representatives is None and other.cache.hashes is None
 
 
 def test_an_axis_a_feature_sets_but_the_plan_does_not_name_is_missing_in_every_group() -> None:
