@@ -409,8 +409,7 @@ def _kernel_args(scheduler: Any, nodes: Sequence[Any]) -> tuple[list[str], set[s
     As Inductor's codegen does: reads produced inside the kernel are not
     arguments, and a write every user of which is inside the kernel is removed
     (``Scheduler.can_buffer_be_removed_through_fusion``; kept where that method
-    is missing). A buffer one node both reads and writes is mutated in place, and
-    ``benchmark_codegened_module`` clones it for every call.
+    is missing). A buffer one node both reads and writes is mutated in place.
     """
     names = {n.get_name() for node in nodes for n in node.get_nodes()}
     removable = getattr(scheduler, "can_buffer_be_removed_through_fusion", None)
@@ -424,6 +423,36 @@ def _kernel_args(scheduler: Any, nodes: Sequence[Any]) -> tuple[list[str], set[s
         mutated |= r & w
     kept = {w for w in writes if w in mutated or removable is None or not removable(w, names)}
     return sorted((reads - writes) | kept | mutated), mutated
+
+
+def _inplace_candidates(scheduler: Any, nodes: Sequence[Any], args: Sequence[str], mutated: set[str]) -> set[str]:
+    """Outputs a pointwise/reduction kernel of ``nodes`` may write into one of its inputs' buffers.
+
+    Inductor reuses an intermediate input whose every user is in the kernel for
+    an output of the same size and dtype (``in_out_ptr``); the argument is then
+    mutated, so ``benchmark_codegened_module`` clones it for its first call and
+    runtime autotuning may clone it again. Which pair it picks is decided at
+    codegen, so every output that has such an input is counted.
+    """
+    from torch._inductor.virtualized import V
+
+    if any(n.is_template() for n in nodes):
+        return set()
+    names = {n.get_name() for node in nodes for n in node.get_nodes()}
+    removable = getattr(scheduler, "can_buffer_be_removed_through_fusion", None)
+    graph_inputs = set(getattr(V.graph, "graph_inputs", {}))
+    writes = {w for node in nodes for w in _dep_names(node)[1]} & set(args)
+    reads = [r for r in args if r not in writes and r not in graph_inputs and r not in mutated]
+
+    def shape(name: str) -> tuple[Any, ...] | None:
+        try:
+            buf = V.graph.get_buffer(name)
+            return (tuple(buf.get_size()), buf.get_dtype())
+        except Exception:
+            return None
+
+    reusable = [shape(r) for r in reads if removable is None or removable(r, names)]
+    return {w for w in writes - mutated if shape(w) is not None and shape(w) in reusable}
 
 
 def _fusion_kernels(node1: Any, node2: Any) -> list[tuple[str, list[Any]]]:
@@ -459,10 +488,12 @@ def plans_for_fusion(scheduler: Any, node1: Any, node2: Any) -> list[KernelPlan]
     """One plan per kernel the epilogue-fusion step may benchmark (see ``_fusion_kernels``).
 
     Each holds that kernel's arguments at their size hints (``get_args``
-    synthesizes every one), a clone of each argument it mutates, and the flush
-    buffer. The kernels are benchmarked one at a time, so the step's footprint is
-    the largest of these plans, not their union; the step tunes only if every
-    plan does.
+    synthesizes every one), the flush buffer, and for each argument the kernel
+    mutates (or may write in place, ``_inplace_candidates``) two clones: the one
+    ``benchmark_codegened_module`` passes to its first call, and the one runtime
+    autotuning of that call may make. The kernels are benchmarked one at a time,
+    so the step's footprint is the largest of these plans, not their union; the
+    step tunes only if every plan does.
     """
     from torch._inductor.virtualized import V
 
@@ -470,11 +501,14 @@ def plans_for_fusion(scheduler: Any, node1: Any, node2: Any) -> list[KernelPlan]
     for kernel_name, nodes in _fusion_kernels(node1, node2):
         conv = _Converter(V.graph.sizevars)
         names, mutated = _kernel_args(scheduler, nodes)
+        inplace = _inplace_candidates(scheduler, nodes, names, mutated)
         args: list[TensorArg | WorkspaceArg] = []
         for i, name in enumerate(names):
             args.extend(_graph_tensor(conv, f"buf{i}", name))
             if name in mutated:
                 args.extend(_graph_tensor(conv, f"buf{i}.clone", name))
+            if name in mutated or name in inplace:
+                args.extend(_graph_tensor(conv, f"buf{i}.autotune_clone", name))
         plans.append(_benchmark_plan(conv, args, _fusion_device(node1), kernel_name))
     return plans
 

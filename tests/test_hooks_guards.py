@@ -133,6 +133,41 @@ def test_fusion_plans_follow_inductors_kernel_arguments(monkeypatch: pytest.Monk
             "fusion:fused": 2 * full} in seen
 
 
+def test_fusion_plans_count_an_in_place_output_twice_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pointwise epilogue may write into its intermediate input (``in_out_ptr``): two more clones.
+
+    ``(x * 2).sum(1).relu() + 1``: the pointwise node alone reads the row sums,
+    an intermediate only it uses, of the output's size and dtype, so Inductor may
+    reuse that buffer for the output. Measured on an H200 (torch 2.11): such a
+    kernel's first call clones the argument and its runtime autotuning clones it
+    again. The reduction alone reads only a graph input: nothing to reuse.
+    """
+    from torch._inductor import config as inductor_config
+    from torch._inductor import scheduler
+
+    from prescreen.budget import Budget
+    from prescreen.decision import decide
+
+    rows, cols = 256, 1024
+    seen: list[dict[str, list[str]]] = []
+    original = scheduler.Scheduler.speedup_by_fusion
+
+    def spy(self: Any, node1: Any, node2: Any, *args: Any, **kwargs: Any) -> Any:
+        plans = sel.plans_for_fusion(self, node1, node2)
+        seen.append({p.kernel_name: [a.name for a in p.args] for p in plans})
+        assert decide(plans[1], Budget("cpu", 2**40, 1.0)).estimated_bytes == 3 * rows * 4
+        return original(self, node1, node2, *args, **kwargs)
+
+    monkeypatch.setattr(scheduler.Scheduler, "speedup_by_fusion", spy)
+    torch._dynamo.reset()
+    x = torch.rand(rows, cols)
+    with inductor_config.patch(force_disable_caches=True):
+        out = torch.compile(lambda t: (t * 2).sum(1).relu() + 1, backend="inductor")(x)
+    torch.testing.assert_close(out, (x * 2).sum(1).relu() + 1)
+    assert {"fusion:unfused1": ["buf0", "buf1"], "fusion:unfused2": ["buf0", "buf1", "buf1.autotune_clone"],
+            "fusion:fused": ["buf0", "buf1"]} in seen
+
+
 def test_patch_installs_every_guard_and_unpatch_restores_upstream() -> None:
     from torch._inductor import scheduler
     from torch._inductor.select_algorithm import AlgorithmSelectorCache
