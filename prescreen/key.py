@@ -6,12 +6,14 @@ import collections
 import dataclasses
 import functools
 import hashlib
+import json
 import threading
 from importlib import metadata
 
 from prescreen.budget import Budget
 from prescreen.decision import ESTIMATOR_VERSION
-from prescreen.plan import KernelPlan, canonical_json
+from prescreen.expr import Add, Axis, Const, Expr, FloorDiv, Mul, RuntimeArg
+from prescreen.plan import KernelPlan, SizeArg, TensorArg, WorkspaceArg, canonical_json
 
 #: Bumped whenever the stored entry layout changes.
 SCHEMA_VERSION = 2  # 2: the plan is one JSON string field of the entry, decoded only when needed
@@ -78,10 +80,113 @@ def family_hash(plan: KernelPlan) -> str:
     return _sha(family_payload(plan))
 
 
+# --- The canonical text, written directly ----------------------------------------------------------
+#
+# ``canonical_json(plan.canonical_payload())`` builds the payload's nested dicts and has
+# ``json.dumps`` sort their keys; for a 16-argument plan that costs several times what
+# deciding it does. ``canonical_texts`` writes the very same text (byte for byte: keys
+# stay what they were) straight from the typed plan, keys in their sorted order, strings
+# through json's own C encoder and exact ints through ``int.__repr__`` as json does. A
+# value of any other type (a hand-built plan holding a bool or a list) leaves it to the
+# general path. The family text is the plan text's first three fields.
+
+_quote = json.encoder.encode_basestring_ascii
+_int_text = int.__repr__
+
+
+class _Other(Exception):
+    """A value the direct writer does not cover: use ``canonical_json``."""
+
+
+def _s(value: object) -> str:
+    if value.__class__ is not str:
+        raise _Other
+    return _quote(value)
+
+
+def _i(value: object) -> str:
+    if value.__class__ is not int:
+        raise _Other
+    return _int_text(value)
+
+
+def _expr_text(expr: Expr) -> str:
+    kind = expr.__class__
+    if kind is Axis:
+        return '{"axis_name":' + _s(expr.name) + "}"  # type: ignore[union-attr]
+    if kind is Const:
+        return '{"const":' + _i(expr.value) + "}"  # type: ignore[union-attr]
+    if kind is Mul:
+        return '{"mul":[' + ",".join([_expr_text(e) for e in expr.operands]) + "]}"  # type: ignore[union-attr]
+    if kind is Add:
+        return '{"add":[' + ",".join([_expr_text(e) for e in expr.operands]) + "]}"  # type: ignore[union-attr]
+    if kind is FloorDiv:
+        return ('{"floordiv":[' + _expr_text(expr.numerator) + ","  # type: ignore[union-attr]
+                + _expr_text(expr.denominator) + "]}")  # type: ignore[union-attr]
+    if kind is RuntimeArg:
+        return '{"runtime_arg_index":' + _i(expr.index) + "}"  # type: ignore[union-attr]
+    raise _Other
+
+
+def _exprs_text(exprs: tuple[Expr, ...]) -> str:
+    return "[" + ",".join([_expr_text(e) for e in exprs]) + "]"
+
+
+def _arg_text(arg: object) -> str:
+    kind = arg.__class__
+    if kind is TensorArg:
+        a: TensorArg = arg  # type: ignore[assignment]
+        if a.source not in ("buffer", "constant"):
+            raise _Other
+        return ('{"device":' + _s(a.device) + ',"dtype":' + _s(a.dtype) + ',"kind":"tensor","name":' + _s(a.name)
+                + ',"size_exprs":' + _exprs_text(a.size) + ',"source":' + _s(a.source)
+                + ',"stride_exprs":' + _exprs_text(a.stride) + "}")
+    if kind is WorkspaceArg:
+        w: WorkspaceArg = arg  # type: ignore[assignment]
+        return ('{"count_expr":' + _expr_text(w.count) + ',"device":' + _s(w.device) + ',"dtype":' + _s(w.dtype)
+                + ',"kind":"workspace","name":' + _s(w.name) + ',"source":"workspace","zero_mode":'
+                + _s(w.zero_mode) + "}")
+    if kind is SizeArg:
+        z: SizeArg = arg  # type: ignore[assignment]
+        if z.source == "runtime_arg":
+            index = "null" if z.index is None else _i(z.index)
+            return '{"index":' + index + ',"kind":"size","name":' + _s(z.name) + ',"source":"runtime_arg"}'
+        if z.source == "axis_expr" and z.expr is not None:
+            return '{"expr":' + _expr_text(z.expr) + ',"kind":"size","name":' + _s(z.name) + ',"source":"axis_expr"}'
+    raise _Other
+
+
+def _names_text(names: object) -> str:
+    return "[" + ",".join([_s(n) for n in names]) + "]"  # type: ignore[attr-defined]
+
+
+def canonical_texts(plan: KernelPlan) -> tuple[str, str]:
+    """``(family text, plan text)``: ``canonical_json`` of ``family_payload(plan)`` and of ``plan.canonical_payload()``."""
+    try:
+        features = ",".join([
+            '{"axis_names":' + _names_text(f.axis_names) + ',"buckets":[' + ",".join([_i(b) for b in f.buckets])
+            + '],"name":' + _s(f.name) + ',"source":' + _s(f.source) + "}"
+            for f in plan.group_features
+        ])
+        statics = dict(plan.axis_static_values)
+        if any(k.__class__ is not str for k in statics):
+            raise _Other
+        head = ('{"axis_names":' + _names_text(plan.axis_names) + ',"axis_static_values":['
+                + ",".join(["[" + _s(n) + "," + _i(v) + "]" for n, v in sorted(statics.items())])
+                + '],"group_features":[' + features + "]")
+        mutated = set(plan.mutated_arg_names)
+        if any(n.__class__ is not str for n in mutated):
+            raise _Other
+        text = (head + ',"mutated_arg_names":' + _names_text(sorted(mutated)) + ',"ordered_arg_specs":['
+                + ",".join([_arg_text(a) for a in plan.args]) + "]}")
+        return head + "}", text
+    except (_Other, TypeError):
+        canonical = plan.canonical_payload()
+        return canonical_json(_family_of(canonical)), canonical_json(canonical)
+
+
 #: How many distinct plans' hashes ``plan_hashes`` remembers (least recently used dropped first).
 HASH_MEMO_SIZE = 4096
-#: How many plan objects the identity fast path holds (it keeps them alive, so it stays small).
-ID_MEMO_SIZE = 256
 
 
 class _PlanKey:
@@ -101,24 +206,24 @@ class _PlanKey:
 
 
 _by_value: collections.OrderedDict[_PlanKey, tuple[_PlanKey, tuple[str, str]]] = collections.OrderedDict()
-# id(plan) -> [plan, (plan hash, family hash), last budget, (key, parts) for that budget]; the entry
-# holds the plan object, so its id cannot be reused by another object while it is here.
-_by_id: dict[int, list[object]] = {}
 _keys: dict[tuple[object, ...], tuple[str, "KeyParts"]] = {}
 _parts_by_key: dict[str, "KeyParts"] = {}  # the keys ``build_key`` made in this process
 _memo_lock = threading.Lock()
+_generation = 0  # bumped by ``forget_plan_hashes``: what plan objects remember from before is not used
 
 
 def plan_hashes(plan: KernelPlan) -> tuple[str, str]:
     """``(plan hash, family hash)`` of ``plan``, computed once per distinct plan in this process.
 
-    Hashing the canonical JSON costs about as much as a store hit, so it is
-    remembered in a bounded LRU keyed by the (frozen, hashable) plan's value;
-    the same plan *object* is found by identity without hashing its fields.
+    The plan object remembers them (``KernelPlan.cache``), so the same object is
+    answered without hashing anything; an equal plan object is found in a bounded
+    LRU keyed by the (frozen, hashable) plan's value.
     """
-    found = _by_id.get(id(plan))
-    if found is not None and found[0] is plan:
-        return found[1]  # type: ignore[return-value]
+    cache = plan.cache
+    mine = cache.hashes
+    if mine is not None and mine[0] == _generation:
+        return mine[1]  # type: ignore[no-any-return]
+    generation = _generation
     try:
         pkey = _PlanKey(plan)
     except TypeError:  # not hashable: no memo
@@ -135,23 +240,21 @@ def plan_hashes(plan: KernelPlan) -> tuple[str, str]:
             _by_value[pkey] = (pkey, hashes)
             if len(_by_value) > HASH_MEMO_SIZE:
                 _by_value.popitem(last=False)
-    with _memo_lock:
-        if len(_by_id) >= ID_MEMO_SIZE:
-            _by_id.clear()  # identity is only the fast path; the value memo stays
-        _by_id[id(plan)] = [plan, hashes, None, None]
+    cache.hashes = (generation, hashes, None, None)  # (generation, hashes, last budget, its (key, parts))
     return hashes
 
 
 def _hash_plan(plan: KernelPlan) -> tuple[str, str]:
-    canonical = plan.canonical_payload()  # one encoding serves both hashes
-    return _sha(canonical), _sha(_family_of(canonical))
+    family, text = canonical_texts(plan)  # one encoding serves both hashes
+    return hashlib.sha256(text.encode()).hexdigest(), hashlib.sha256(family.encode()).hexdigest()
 
 
 def forget_plan_hashes() -> None:
     """Empty the plan-hash and key memos (benchmarks use it to time a first lookup)."""
+    global _generation
     with _memo_lock:
+        _generation += 1
         _by_value.clear()
-        _by_id.clear()
         _keys.clear()
         _parts_by_key.clear()
 
@@ -163,9 +266,9 @@ def known_parts(key: str) -> "KeyParts | None":
 
 def build_key(plan: KernelPlan, budget: Budget) -> tuple[str, KeyParts]:
     """The store key for deciding ``plan`` under ``budget``, and its parts (memoised, see ``plan_hashes``)."""
-    found = _by_id.get(id(plan))
-    if found is not None and found[0] is plan and found[2] is budget:
-        return found[3]  # type: ignore[return-value]
+    mine = plan.cache.hashes
+    if mine is not None and mine[2] is budget and mine[0] == _generation:
+        return mine[3]  # type: ignore[no-any-return]
     plan_hash, fam_hash = plan_hashes(plan)
     # Types too: 1 == 1.0 == True, but the canonical JSON (so the key) tells them apart.
     memo_key = (plan_hash, fam_hash, budget.device_kind, budget.total_memory, type(budget.total_memory),
@@ -179,9 +282,10 @@ def build_key(plan: KernelPlan, budget: Budget) -> tuple[str, KeyParts]:
                 _parts_by_key.clear()
             _keys[memo_key] = result
             _parts_by_key[result[0]] = result[1]
-    slot = _by_id.get(id(plan))
-    if slot is not None and slot[0] is plan:
-        slot[2], slot[3] = budget, result
+    cache = plan.cache
+    mine = cache.hashes
+    if mine is not None:
+        cache.hashes = (mine[0], mine[1], budget, result)  # one store: threads see all or none
     return result
 
 

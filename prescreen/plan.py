@@ -11,7 +11,7 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Literal, Union, get_args
+from typing import Any, Literal, Union, get_args
 
 from prescreen.errors import NotBounded, Reason
 from prescreen.expr import Expr, expr_from_payload, expr_to_payload
@@ -194,9 +194,9 @@ class PlanCache:
     __slots__ = ("representatives", "hashes", "lookup")
 
     def __init__(self) -> None:
-        self.representatives: object = None
-        self.hashes: object = None
-        self.lookup: object = None
+        self.representatives: Any = None
+        self.hashes: Any = None
+        self.lookup: Any = None
 
     def __reduce__(self) -> tuple[type["PlanCache"], tuple[()]]:
         return PlanCache, ()  # a copy or an unpickled plan starts empty

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import socket
 import threading
 import time
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 from prescreen.budget import Budget
 from prescreen.decision import Decision, decide_with, is_observed_oom, try_representatives
 from prescreen.errors import NotBounded, Reason
-from prescreen.key import ID_MEMO_SIZE, build_key
+from prescreen.key import build_key
 from prescreen.plan import KernelPlan
 from prescreen.representatives import Representatives
 from prescreen.store.base import Store
@@ -47,8 +49,26 @@ class Counters:
             self.largest_estimate = max(self.largest_estimate, decision.estimated_bytes)
 
 
-COUNTERS = Counters()
-_lock = threading.Lock()
+class _LiveCounters(Counters):
+    """``COUNTERS``: a lookup answered from a plan object's memory only ticks its ``_Hit``'s counter
+    (``itertools.count``: atomic, no lock); those ticks are added in here whenever a count is read or
+    written, so every read sees every lookup made before it."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if _unfolded and name in _FOLDED:
+            _fold()
+        return object.__getattribute__(self, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if _unfolded and name in _FOLDED:
+            _fold()
+        object.__setattr__(self, name, value)
+
+
+_FOLDED = frozenset({"lookups", "hits", "memo_hits", "tuned", "fell_back", "not_bounded", "largest_estimate"})
+_lock = threading.RLock()  # reentrant: a fold can run inside a counting block
+_unfolded = False  # set after a tick, cleared by the fold that adds it in
+COUNTERS: Counters = _LiveCounters()
 
 #: Callbacks told of every lookup (``prescreen warm`` collects its report this way).
 OBSERVERS: list[Callable[["Outcome", KernelPlan], None]] = []
@@ -66,23 +86,79 @@ class Outcome:
 MEMO_SIZE = 4096
 
 
-class _Memo:
-    """One store's memo: key -> the hit outcome for what the store holds under that key, as far as
-    this process knows (see ``lookup_or_decide``), with what counting a hit adds to ``COUNTERS``."""
+class _Hit:
+    """What a memo hit returns and adds to ``COUNTERS`` (worked out once, when the entry is remembered).
 
-    __slots__ = ("store", "outcomes", "version", "by_plan")
+    ``ticks`` counts the lookups answered from a plan object's memory (``lookup_or_decide``): each
+    one calls ``next`` on it, and ``_fold`` calls it once more to read how many came since it last did.
+    """
+
+    __slots__ = ("outcome", "tuned", "fell_back", "not_bounded", "estimate", "ticks", "seen")
+
+    def __init__(self, outcome: Outcome) -> None:
+        d = outcome.decision
+        self.outcome = outcome
+        self.tuned = 1 if d.tune else 0
+        self.fell_back = 0 if d.tune else 1
+        self.not_bounded = 0 if d.bounded else 1
+        self.estimate = d.estimated_bytes or 0
+        self.ticks = itertools.count()
+        self.seen = 0  # values of ``ticks`` already added in (the fold's own calls included)
+
+    def count(self, c: Counters, n: int) -> None:
+        """Add ``n`` lookups answered by this hit to ``c`` (hold ``_lock``)."""
+        c.lookups += n
+        c.hits += n
+        c.memo_hits += n
+        c.tuned += n * self.tuned
+        c.fell_back += n * self.fell_back
+        c.not_bounded += n * self.not_bounded
+        if self.estimate > c.largest_estimate:
+            c.largest_estimate = self.estimate
+
+
+# The hits plan objects remember (their ticks are folded into COUNTERS) -> (memo, version) they were
+# remembered under. A hit whose memo moved on is dropped by the second fold that sees it so (a lookup
+# that checked the version just before the change may still tick it in between).
+_ticking: dict[_Hit, tuple["_Memo", int]] = {}
+_stale: set[_Hit] = set()
+
+
+def _fold() -> None:
+    """Add the ticks of every remembered hit into ``COUNTERS``."""
+    global _unfolded
+    with _lock:
+        _unfolded = False  # before reading the ticks: a tick after this sets it again
+        stale = []
+        for hit, (memo, version) in _ticking.items():
+            value = next(hit.ticks)
+            n, hit.seen = value - hit.seen, value + 1
+            if n:
+                hit.count(COUNTERS, n)
+            if memo.version != version:
+                stale.append(hit)
+        for hit in stale:
+            if hit in _stale:
+                del _ticking[hit]
+                _stale.discard(hit)
+            else:
+                _stale.add(hit)
+
+
+class _Memo:
+    """One store's memo: key -> the hit for what the store holds under that key, as far as this process
+    knows (see ``lookup_or_decide``). ``version`` is bumped on every change; a plan object remembers its
+    last hit in its own ``KernelPlan.cache`` as ``(memo, version, budget, hit)``, valid while the version is."""
+
+    __slots__ = ("store", "outcomes", "version")
 
     def __init__(self, store: Store) -> None:
         self.store = weakref.ref(store)
-        self.outcomes: dict[str, tuple[Outcome, int, int, int, int]] = {}
-        self.version = 0  # bumped on every change to ``outcomes``
-        # id(plan) -> (plan, budget, version, outcomes[key]): the same plan and budget objects looked
-        # up again skip even the key memo; valid while ``version`` is unchanged.
-        self.by_plan: dict[int, tuple[KernelPlan, Budget, int, tuple[Outcome, int, int, int, int]]] = {}
+        self.outcomes: dict[str, _Hit] = {}
+        self.version = 0
 
     def changed(self) -> None:
         self.version += 1
-        self.by_plan.clear()
 
 
 # id(store) -> its memo; the entry goes when the store object does (weakref.finalize).
@@ -122,60 +198,61 @@ def _remember(store: Store, key: str, entry: Entry | None) -> None:
         if entry is None:
             memo.outcomes.pop(key, None)
             return
-        d = entry.decision
         memo.outcomes.pop(key, None)  # re-inserted last: the oldest entry is the first dropped
-        memo.outcomes[key] = (
-            Outcome(key, d, True, entry),
-            1 if d.tune else 0,
-            0 if d.tune else 1,
-            0 if d.bounded else 1,
-            d.estimated_bytes or 0,
-        )
+        memo.outcomes[key] = _Hit(Outcome(key, entry.decision, True, entry))
         if len(memo.outcomes) > MEMO_SIZE:
             del memo.outcomes[next(iter(memo.outcomes))]
+
+
+def _count_hit(hit: _Hit, store: Store, plan: KernelPlan) -> Outcome:
+    with _lock:
+        hit.count(COUNTERS, 1)
+        store.hits += 1  # the store's persisted per-entry hit counts (``inspect``) see reads only
+    return _observed(hit.outcome, plan) if OBSERVERS else hit.outcome
 
 
 def lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, *, write: bool = True) -> Outcome:
     """The decision for ``plan`` under ``budget``: from ``store`` on a hit, else computed (and stored).
 
     A plan this process already looked up (or stored) in this ``store`` object is
-    answered from memory: no hashing for the same plan object (see
-    ``prescreen.key.plan_hashes``), no read. The memo is replaced on every put made
-    here (so an observed_oom recorded in this process is seen at once); changes
-    made by other processes, or directly on the store object, are not seen until
-    ``forget`` (or a new store object).
+    answered from memory, without reading the store: the same plan object (and
+    budget object) again from what the plan object remembers of its last lookup
+    (``KernelPlan.cache``; no hashing at all), an equal plan object by its key
+    (see ``prescreen.key.build_key``). The memo is replaced on every put made here
+    (so an observed_oom recorded in this process is seen at once); changes made by
+    other processes, or directly on the store object, are not seen until ``forget``
+    (or a new store object). Answers from memory are counted in ``COUNTERS`` but
+    not timed (``seconds``): each takes well under a microsecond.
     """
+    cache = plan._cache
+    if cache is not None:
+        last = cache.lookup
+        if last is not None:
+            memo = last[0]
+            if last[1] == memo.version and last[2] is budget and memo.store() is store is not None:
+                hit: _Hit = last[3]
+                next(hit.ticks)  # counted in COUNTERS when they are next read (``_fold``)
+                global _unfolded
+                _unfolded = True
+                store.hits += 1  # as the stores count their own reads
+                return _observed(hit.outcome, plan) if OBSERVERS else hit.outcome
     start = time.perf_counter()
     memo = None if store is None else _memos.get(id(store))
     if store is not None and memo is not None and memo.store() is store:
-        found: tuple[Outcome, int, int, int, int] | None
-        fast = memo.by_plan.get(id(plan))
-        if fast is not None and fast[0] is plan and fast[1] is budget and fast[2] == memo.version:
-            found = fast[3]
-        else:
-            version = memo.version
-            found = memo.outcomes.get(build_key(plan, budget)[0])
-            if found is not None:
-                with _lock:
-                    if memo.version == version:
-                        if len(memo.by_plan) >= ID_MEMO_SIZE:
-                            memo.by_plan.clear()
-                        memo.by_plan[id(plan)] = (plan, budget, version, found)
+        version = memo.version
+        found = memo.outcomes.get(build_key(plan, budget)[0])
         if found is not None:
-            outcome, tuned, fell_back, not_bounded, estimate = found
             with _lock:
-                c = COUNTERS
-                c.lookups += 1
-                c.hits += 1
-                c.memo_hits += 1
-                c.tuned += tuned
-                c.fell_back += fell_back
-                c.not_bounded += not_bounded
-                if estimate > c.largest_estimate:
-                    c.largest_estimate = estimate
-                c.seconds += time.perf_counter() - start
-                store.hits += 1  # the store's persisted per-entry hit counts (``inspect``) see reads only
-            return _observed(outcome, plan) if OBSERVERS else outcome
+                if memo.version == version:
+                    plan.cache.lookup = (memo, version, budget, found)
+                    if len(_ticking) >= 4 * MEMO_SIZE:
+                        _fold()  # drops the hits whose memo moved on
+                    _ticking[found] = (memo, version)
+                    _stale.discard(found)
+            outcome = _count_hit(found, store, plan)
+            with _lock:
+                COUNTERS.seconds += time.perf_counter() - start
+            return outcome
     try:
         return _lookup_or_decide(plan, budget, store, write)
     finally:

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from click.testing import CliRunner
@@ -239,11 +240,16 @@ def test_memo_counts_hits_like_a_store_hit(tmp_path: Path) -> None:
         assert COUNTERS.largest_estimate >= (outcome.decision.estimated_bytes or 0)
 
 
-def test_the_identity_fast_path_holds_few_plan_objects() -> None:
+def test_the_identity_fast_path_holds_no_plan_objects() -> None:
     from prescreen import key
 
     forget_plan_hashes()
-    for _ in range(key.ID_MEMO_SIZE + 10):
-        build_key(make_plan(SEED), BUDGET)  # equal plans, new objects: one value entry, bounded identity entries
-        assert len(key._by_id) <= key.ID_MEMO_SIZE
+    plans = [make_plan(SEED) for _ in range(300)]
+    for p in plans:
+        build_key(p, BUDGET)  # equal plans, new objects: one value entry; each object remembers its own key
+        assert p.cache.hashes is not None and p.cache.hashes[3] == build_key(plans[0], BUDGET)
     assert len(key._by_value) == 1
+    forget_plan_hashes()  # what plan objects remember from before a forget is not used
+    with mock.patch.object(key, "_hash_plan", wraps=key._hash_plan) as hashing:
+        build_key(plans[0], BUDGET)
+    assert hashing.call_count == 1

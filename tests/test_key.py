@@ -1,0 +1,47 @@
+"""Keys: the directly written canonical text is byte for byte ``canonical_json`` of the payload."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import given, settings
+from strategies import plan_payloads, upstream_meta
+from test_footprint_fast import plans
+
+from prescreen.expr import Axis, Const
+from prescreen.key import _hash_plan, canonical_texts, family_payload
+from prescreen.plan import KernelPlan, TensorArg, canonical_json
+
+
+def slow_texts(plan: KernelPlan) -> tuple[str, str]:
+    return canonical_json(family_payload(plan)), canonical_json(plan.canonical_payload())
+
+
+@settings(max_examples=300, deadline=None)
+@given(plan_payloads(extra_keys=True))
+def test_canonical_texts_equal_canonical_json_of_parsed_payloads(payload: dict[str, object]) -> None:
+    plan = KernelPlan.from_payload(payload)
+    assert canonical_texts(plan) == slow_texts(plan)
+    assert _hash_plan(plan)[0] == plan.plan_hash()
+
+
+@settings(max_examples=300, deadline=None)
+@given(plans())
+def test_canonical_texts_equal_canonical_json_of_hand_built_plans(plan: KernelPlan) -> None:
+    """Runtime args, workspaces, size args, repeated names, unsorted statics and mutated names."""
+    assert canonical_texts(plan) == slow_texts(plan)
+
+
+def test_non_ascii_names_and_odd_values_give_the_same_text() -> None:
+    plan = KernelPlan.from_payload(upstream_meta())
+    odd = dataclasses.replace(
+        plan,
+        kernel_name="ignored",
+        axis_static_values=(("x0", 3), ("é\"\\ \n", 2), ("x0", 5)),
+        mutated_arg_names=("out_ptr0", "out_ptr0", "\u2603"),
+        args=(*plan.args, TensorArg("t\u00e9", "constant", (Axis("x0"),), (Const(-1),), "torch.float16", "")),
+    )
+    assert canonical_texts(odd) == slow_texts(odd)
+    # A value the direct writer does not cover (a bool where an int belongs) takes json's own path.
+    boolish = dataclasses.replace(plan, axis_static_values=(("x0", True),))
+    assert canonical_texts(boolish) == slow_texts(boolish)
