@@ -3,18 +3,22 @@
 Run: ``python bench/bench_store.py``. Prints machine info, then for each plan
 size (one-feature plans of 1 and 16 args, a mid plan of 16 args x 81 groups and
 a large one of 64 args x 289 groups) p50/p99 latencies of: recomputing the
-decision; the first lookup of a plan in a process (hash the plan, read and
+decision (for the same plan object, which reuses the estimator's compiled form of
+it, and for an equal plan object built anew); the first lookup of a plan in a process (hash the plan, read and
 validate the entry: the memos emptied before each sample); a repeated lookup
 of the same plan object and of an equal plan built anew (answered from the
 in-process memo); and the raw disk/Redis get and put. Ratios recompute/lookup
 are taken within the run. Then store reads/s with 1, 2, 4 and 8 processes on
 one DiskStore (the decision memo emptied before every lookup, so each one
-reads the store). Redis is started on loopback if ``redis-server`` is on PATH
+reads the store): each process warms up, all start together after a barrier and
+count in the same windows of one clock; the median window is reported, per
+round, with the load average, and the median over interleaved rounds. Redis is started on loopback if ``redis-server`` is on PATH
 (its rows are skipped otherwise).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import platform
@@ -29,6 +33,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import redis
 import torch
@@ -37,7 +42,7 @@ from prescreen.budget import Budget
 from prescreen.decision import decide
 from prescreen.key import build_key, forget_plan_hashes
 from prescreen.plan import KernelPlan
-from prescreen.service import forget, lookup_or_decide
+from prescreen.service import Outcome, forget, lookup_or_decide
 from prescreen.store import DiskStore, RedisStore, Store
 from prescreen.store.entry import Entry
 
@@ -56,7 +61,10 @@ ITERATIONS = {
 }
 MEMO_SAMPLES = 400
 BATCH = 50  # repeated lookups per sample of the same plan object
-THROUGHPUT_SECONDS = 2.0
+WARM_UP_SECONDS = 0.5
+WINDOW_SECONDS = 0.5
+WINDOWS = 6
+THROUGHPUT_ROUNDS = 3  # each process count measured this many times, interleaved (1, 2, 4, 8, 1, 2, ...)
 
 
 def plan(seed: int, n_args: int, n_buckets: int, n_features: int = 2) -> KernelPlan:
@@ -177,20 +185,25 @@ def first_lookups(store: Store, plans: list[KernelPlan], n: int) -> list[float]:
 
 
 def memo_lookups(
-    store: Store, plans: list[KernelPlan], n: int, fresh_objects: bool, recompute: list[float] | None = None
+    store: Store, plans: list[KernelPlan], n: int, fresh_objects: bool, recompute: list[float] | None = None,
+    recompute_new: list[float] | None = None,
 ) -> list[float]:
     """Repeated lookups answered from the in-process memo: the same plan objects, or equal plans built anew.
 
-    With ``recompute``, a ``decide`` of the same plan is timed before each sample and appended
+    With ``recompute``, a ``decide`` of the same plan object is timed before each sample and appended
+    there (it reuses the estimator's compiled form of the plan, kept on the object), and a ``decide``
+    of an equal plan object built anew to ``recompute_new`` (what deciding a plan a process meets costs);
     there, so both sides of the ratio see the same load on this shared machine.
     """
     for p in plans:
         assert lookup_or_decide(p, BUDGET, store).hit
     out = []
     for i in range(n):
-        if recompute is not None:
+        if recompute is not None and recompute_new is not None:
             q = plans[i % len(plans)]
             recompute += timed(lambda q=q: decide(q, BUDGET), 1)
+            fresh = dataclasses.replace(q)  # an equal plan object, built outside the timing
+            recompute_new += timed(lambda q=fresh: decide(q, BUDGET), 1)
         p = plans[i % len(plans)]
         if fresh_objects:
             p = KernelPlan.from_payload(p.to_payload())  # not timed: the hook builds its plan anyway
@@ -206,29 +219,67 @@ def memo_lookups(
     return out
 
 
-def _throughput_worker(directory: str, seeds: list[int], barrier: object, results: object) -> None:
+def _throughput_worker(
+    directory: str, seeds: list[int], barrier: Any, start_at: Any, results: Any, control: bool = False
+) -> None:
+    """Warm up, wait for every worker, then count lookups in each of ``WINDOWS`` windows of one shared clock.
+
+    With ``control``, each "lookup" is a fixed piece of pure-Python work instead (no store, no I/O): how far
+    this machine lets CPU-bound processes scale at this moment, to read the store's scaling against.
+    """
     plans = [plan(s, *SIZES["mid"]) for s in seeds]
     with DiskStore(directory) as store:
-        barrier.wait()  # type: ignore[attr-defined]
-        deadline = time.perf_counter() + THROUGHPUT_SECONDS
+        look = _control_lookup if control else lookup_or_decide
         done = 0
-        while time.perf_counter() < deadline:
-            forget(store)  # every lookup reads the store (the plan hashes stay memoised)
-            assert lookup_or_decide(plans[done % len(plans)], BUDGET, store).hit
+        warm_until = time.monotonic() + WARM_UP_SECONDS  # not counted: imports, first reads, page cache
+        while time.monotonic() < warm_until:
+            forget(store)
+            look(plans[done % len(plans)], BUDGET, store)
             done += 1
-    results.put(done)  # type: ignore[attr-defined]
+        barrier.wait()  # the last worker to arrive sets ``start_at`` (the barrier's action)
+        edges = [start_at.value + WINDOW_SECONDS * (i + 1) for i in range(WINDOWS)]
+        while time.monotonic() < start_at.value:
+            pass
+        counts = [0] * WINDOWS
+        window = 0
+        while window < WINDOWS:
+            forget(store)  # every lookup reads the store (the plan hashes stay memoised)
+            assert look(plans[done % len(plans)], BUDGET, store).hit
+            done += 1
+            now = time.monotonic()
+            while window < WINDOWS and now >= edges[window]:
+                window += 1
+            if window < WINDOWS:
+                counts[window] += 1
+    results.put(counts)
 
 
-def throughput(directory: str, seeds: list[int], procs: int) -> float:
+_CONTROL = Outcome("", None, True, None)  # type: ignore[arg-type]
+
+
+def _control_lookup(*_args: object) -> Outcome:
+    """The CPU control's stand-in for a lookup: pure-Python work, no store."""
+    sum(range(2000))
+    return _CONTROL
+
+
+def _set_start(start_at: Any) -> None:
+    start_at.value = time.monotonic() + 0.05  # CLOCK_MONOTONIC: one clock for every process on the machine
+
+
+def throughput(directory: str, seeds: list[int], procs: int, control: bool = False) -> list[float]:
+    """Lookups/s summed over ``procs`` processes, per window (all processes count in the same windows)."""
     ctx = multiprocessing.get_context("fork")
-    barrier, results = ctx.Barrier(procs), ctx.Queue()
-    workers = [ctx.Process(target=_throughput_worker, args=(directory, seeds, barrier, results)) for _ in range(procs)]
+    start_at = ctx.Value("d", 0.0)
+    barrier, results = ctx.Barrier(procs, action=lambda: _set_start(start_at)), ctx.Queue()
+    workers = [ctx.Process(target=_throughput_worker, args=(directory, seeds, barrier, start_at, results, control))
+               for _ in range(procs)]
     for w in workers:
         w.start()
-    total = sum(results.get(timeout=120) for _ in workers)
+    per_worker = [results.get(timeout=120) for _ in workers]
     for w in workers:
         w.join()
-    return total / THROUGHPUT_SECONDS
+    return [sum(counts[i] for counts in per_worker) / WINDOW_SECONDS for i in range(WINDOWS)]
 
 
 def redis_version(url: str | None) -> str:
@@ -237,6 +288,7 @@ def redis_version(url: str | None) -> str:
     return str(redis.Redis.from_url(url).info("server")["redis_version"])
 
 
+PROCS = (1, 2, 4, 8)
 GOALS = {"mid": 200.0}  # recompute / repeated lookup; 50x for every other plan
 DEFAULT_GOAL = 50.0
 
@@ -260,6 +312,7 @@ def main() -> None:
             p = plan(0, *shape)
             groups = (n_buckets + 1) ** n_features
             recompute: list[float] = []  # timed interleaved with the repeated lookups, below
+            recompute_new: list[float] = []
             forget_plan_hashes()
             keying = []
             for _ in range(it["get"]):
@@ -267,12 +320,14 @@ def main() -> None:
                 keying += timed(lambda p=p: build_key(p, BUDGET), 1)
             entries = [entry(seed, size) for seed in range(1, it["put"] + 1)]
             plans = [plan(seed, *shape) for seed in range(1, it["put"] + 1)]
-            results: dict[str, list[float]] = {"recompute (decide)": recompute, "build_key (first)": keying}
+            results: dict[str, list[float]] = {"recompute, same obj": recompute, "recompute, new obj": recompute_new,
+                                               "build_key (first)": keying}
             with DiskStore(tmp / f"disk-{size}") as disk:
                 puts, hits = store_latency(disk, entries, it["get"])
                 results["disk put"], results["disk get (hit)"] = puts, hits
                 results["first lookup, disk"] = first_lookups(disk, plans, it["get"])
-                results["repeat lookup, same obj"] = memo_lookups(disk, plans, MEMO_SAMPLES, False, recompute)
+                results["repeat lookup, same obj"] = memo_lookups(disk, plans, MEMO_SAMPLES, False, recompute,
+                                                                      recompute_new)
                 results["repeat lookup, new obj"] = memo_lookups(disk, plans, it["get"], True)
             if url is not None:
                 with RedisStore(url, prefix=f"bench:{size}:") as remote:
@@ -290,17 +345,19 @@ def main() -> None:
                     f"{us(pct(samples, 0.99))} {len(samples):5}"
                 )
         print()
-        print("recompute / lookup, p50 (goal: repeated lookup >= 200x for mid, >= 50x for every plan):")
         lookups = ["repeat lookup, same obj", "repeat lookup, new obj", "first lookup, disk", "first lookup, redis"]
-        print(f"{'plan':6} " + " ".join(f"{op:>24}" for op in lookups) + "  goal")
-        for size, _n_args, _groups, _nbytes, results in rows:
-            recompute_p50 = statistics.median(results["recompute (decide)"])
-            cells = []
-            for op in lookups:
-                cells.append(f"{recompute_p50 / statistics.median(results[op]):23.1f}x" if op in results else f"{'-':>24}")
-            goal = GOALS.get(size, DEFAULT_GOAL)
-            met = recompute_p50 / statistics.median(results["repeat lookup, same obj"]) >= goal
-            print(f"{size:6} " + " ".join(cells) + f"  {goal:g}x {'met' if met else 'NOT met'} (same obj)")
+        for base in ("recompute, same obj", "recompute, new obj"):
+            print(f"{base} / lookup, p50 (goal: repeated lookup >= 200x for mid, >= 50x for every plan):")
+            print(f"{'plan':6} " + " ".join(f"{op:>24}" for op in lookups) + "  goal")
+            for size, _n_args, _groups, _nbytes, results in rows:
+                recompute_p50 = statistics.median(results[base])
+                cells = []
+                for op in lookups:
+                    cells.append(f"{recompute_p50 / statistics.median(results[op]):23.1f}x" if op in results
+                                 else f"{'-':>24}")
+                goal = GOALS.get(size, DEFAULT_GOAL)
+                met = recompute_p50 / statistics.median(results["repeat lookup, same obj"]) >= goal
+                print(f"{size:6} " + " ".join(cells) + f"  {goal:g}x {'met' if met else 'NOT met'} (same obj)")
         if url is None:
             print("redis: redis-server not on PATH; Redis rows skipped")
 
@@ -311,12 +368,31 @@ def main() -> None:
             for s in seeds:
                 lookup_or_decide(plan(s, *SIZES["mid"]), BUDGET, disk)
         print(f"throughput: store reads (lookup_or_decide, decision memo emptied each time) on one DiskStore,"
-              f" mid plans, {THROUGHPUT_SECONDS:g} s each")
-        base = None
-        for procs in (1, 2, 4, 8):
-            rate = throughput(directory, seeds, procs)
-            base = base or rate
-            print(f"  {procs} process{'es' if procs > 1 else '  '}: {rate:9.0f} lookups/s  ({rate / base:4.2f}x of 1)")
+              f" mid plans; every process warms up {WARM_UP_SECONDS:g} s, then all count in the same"
+              f" {WINDOWS} windows of {WINDOW_SECONDS:g} s (started together after a barrier); rounds interleave the"
+              f" process counts; lookups/s is the median window; load average printed before each run")
+        rates: dict[tuple[bool, int], list[float]] = {(c, n): [] for c in (False, True) for n in PROCS}
+        for round_ in range(THROUGHPUT_ROUNDS):
+            for procs in PROCS:
+                for control in (False, True):
+                    load = os.getloadavg()
+                    windows = throughput(directory, seeds, procs, control)
+                    rates[control, procs].append(statistics.median(windows))
+                    what = "CPU control" if control else "store reads"
+                    print(f"  round {round_ + 1}, {procs} process{'es' if procs > 1 else '  '}, {what}: "
+                          f"{statistics.median(windows):8.0f}/s (windows {min(windows):.0f} to {max(windows):.0f});"
+                          f" load average before {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
+        print("  median over rounds (CPU control: the same harness running pure-Python work, no store):")
+        base = statistics.median(rates[False, 1])
+        control_base = statistics.median(rates[True, 1])
+        for procs in PROCS:
+            rate = statistics.median(rates[False, procs])
+            control_rate = statistics.median(rates[True, procs])
+            print(f"  {procs} process{'es' if procs > 1 else '  '}: {rate:9.0f} lookups/s  ({rate / base:4.2f}x of 1);"
+                  f"  CPU control {control_rate / control_base:4.2f}x of 1")
+        two, eight = statistics.median(rates[False, 2]), statistics.median(rates[False, 8])
+        print(f"  goal: 2 processes above 1 ({'met' if two > base else 'NOT met'}),"
+              f" 8 not below 1 ({'met' if eight >= base else 'NOT met'})")
     shutil.rmtree(tmp, ignore_errors=True)
     print(f"\nbench took {time.perf_counter() - started:.1f} s", file=sys.stderr)
 
