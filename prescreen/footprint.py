@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Union
 from prescreen.errors import NotBounded, Reason
 from prescreen.expr import Add, Axis, Const, Expr, FloorDiv, Mul, evaluate
 from prescreen.plan import KernelPlan, SizeArg, TensorArg, WorkspaceArg
-from prescreen.representatives import Group, GroupGrid, Representatives, RepsProgram
+from prescreen.representatives import SINGLE, Group, GroupGrid, Representatives, RepsProgram
 
 if TYPE_CHECKING:  # numpy loads with the first large grid: reading a store never pays for it
     import numpy as np
@@ -753,6 +753,22 @@ def _floordiv(num: ColumnFn, den: int) -> ColumnFn:
     return lambda cols: [v // den for v in num(cols)]
 
 
+def _nonneg(expr: Expr, safe: frozenset[str], constants: Mapping[str, int]) -> bool:
+    """True when ``expr`` is >= 0 in every group: its column needs no check (``safe``: axes never negative)."""
+    kind = type(expr)
+    if kind is Const:
+        return expr.value >= 0  # type: ignore[union-attr]
+    if kind is Axis:
+        name = expr.name  # type: ignore[union-attr]
+        return name in safe or constants.get(name, -1) >= 0
+    if kind is Add or kind is Mul:
+        return all(_nonneg(e, safe, constants) for e in expr.operands)  # type: ignore[union-attr]
+    if kind is FloorDiv:
+        den = expr.denominator  # type: ignore[union-attr]
+        return type(den) is Const and den.value > 0 and _nonneg(expr.numerator, safe, constants)  # type: ignore[union-attr]
+    return False
+
+
 NumelFn = Callable[[list[Any]], Union[int, list[int]]]
 
 
@@ -769,25 +785,28 @@ def _checked(f: ColumnFn) -> ColumnFn:
 
 
 def _compile_numel(
-    arg: TensorArg | WorkspaceArg, slots: Mapping[str, int], constants: Mapping[str, int]
+    arg: TensorArg | WorkspaceArg, slots: Mapping[str, int], constants: Mapping[str, int], safe: frozenset[str]
 ) -> tuple[NumelFn, tuple[Compiled, ...], tuple[Compiled, ...]]:
     """Elements per group (an int, or a function of the feature columns), and the size and stride parts."""
+
+    def checked(part: ColumnFn, expr: Expr) -> ColumnFn:
+        return part if _nonneg(expr, safe, constants) else _checked(part)
+
     if isinstance(arg, WorkspaceArg):
         count = _compile_expr(arg.count, slots, constants)
         if isinstance(count, int):
             if count < 0:
                 raise _Unsupported
             return (lambda cols: count), (count,), (1,)
-        checked = _checked(count)
-        return checked, (count,), (1,)
+        return checked(count, arg.count), (count,), (1,)
     if len(arg.size) != len(arg.stride):
         raise _Unsupported
     sizes = tuple(_compile_expr(e, slots, constants) for e in arg.size)
     strides = tuple(_compile_expr(e, slots, constants) for e in arg.stride)
     base = 1
     empty = False
-    dims: list[tuple[Compiled, Compiled]] = []  # the dims that vary
-    for d, s in zip(sizes, strides):
+    dims: list[tuple[Compiled, Compiled]] = []  # the dims that vary, their columns checked where they can be < 0
+    for d, s, d_expr, s_expr in zip(sizes, strides, arg.size, arg.stride):
         if isinstance(d, int) and d < 0 or isinstance(s, int) and s < 0:
             raise _Unsupported  # negative in every group: the general path raises it
         if isinstance(d, int) and d == 0:
@@ -796,14 +815,15 @@ def _compile_numel(
             if d != 0:
                 base += (d - 1) * s
         else:
-            dims.append((d, s))
+            dims.append((d if isinstance(d, int) else checked(d, d_expr), s if isinstance(s, int) else checked(s, s_expr)))
     if not dims:
         numel = 0 if empty else base
         return (lambda cols: numel), sizes, strides
     if len(dims) == 1 and not empty:  # the common case: one varying dim
         d, s = dims[0]
         if isinstance(s, int):  # 1 + ... + (u - 1) * s, zero where u == 0
-            size_col, offset = _checked(d), base - s  # type: ignore[arg-type]
+            assert not isinstance(d, int)
+            size_col, offset = d, base - s
 
             def one_size(cols: list[Any]) -> list[int]:
                 col = size_col(cols)
@@ -813,7 +833,7 @@ def _compile_numel(
 
             return one_size, sizes, strides
         if isinstance(d, int):  # 1 + ... + (d - 1) * v, d > 0 here
-            stride_col, factor = _checked(s), d - 1
+            stride_col, factor = s, d - 1
             return (lambda cols: [v * factor + base for v in stride_col(cols)]), sizes, strides
     terms = [_term(d, s) for d, s in dims]
     if empty:
@@ -841,11 +861,14 @@ TermFn = Callable[[list[Any]], Union[list[int], tuple[list[int], list[int]]]]
 
 
 def _term(d: Compiled, s: Compiled) -> TermFn:
-    """``(size - 1) * stride`` per group for one dim where either varies; ``(sizes, terms)`` where a size is 0."""
+    """``(size - 1) * stride`` per group for one dim where either varies; ``(sizes, terms)`` where a size is 0.
+
+    The columns come checked (``_checked``) wherever they might be negative."""
     if isinstance(d, int):  # d > 0 here (0 makes the tensor empty, negative is refused)
-        stride_col, factor = _checked(s), d - 1  # type: ignore[arg-type]
+        assert not isinstance(s, int)
+        stride_col, factor = s, d - 1
         return lambda cols: [v * factor for v in stride_col(cols)]
-    size_col = _checked(d)
+    size_col = d
     if isinstance(s, int):
 
         def size_term(cols: list[Any]) -> list[int] | tuple[list[int], list[int]]:
@@ -854,7 +877,7 @@ def _term(d: Compiled, s: Compiled) -> TermFn:
             return (dc, out) if 0 in dc else out
 
         return size_term
-    stride_col = _checked(s)
+    stride_col = s
 
     def both_term(cols: list[Any]) -> list[int] | tuple[list[int], list[int]]:
         dc = size_col(cols)
@@ -890,7 +913,11 @@ class FootprintProgram:
         distinct = _Distinct(args)
         if distinct.failed:
             raise _Unsupported
-        compiled = [_compile_numel(arg, slots, constants) for arg in distinct.new]
+        safe = frozenset(  # axes whose columns are never negative: a feature's buckets from 0 up, a solved axis
+            axis for axis, spec in zip(reps_program.varying_axes, reps_program.features)
+            if axis in slots and (spec[0] != SINGLE or spec[1][0] >= 0)
+        )
+        compiled = [_compile_numel(arg, slots, constants, safe) for arg in distinct.new]
         self.numels = [c[0] for c in compiled]
         self.shapes = [(c[1], c[2]) for c in compiled]
         self.keys = distinct.keys

@@ -327,6 +327,7 @@ def _per_group(plan: KernelPlan, statics: dict[str, int]) -> Representatives:
 # path does not cover (one that raises) leave the plan to the general path below.
 
 _SINGLE, _PRODUCT, _STATIC = 0, 1, 2
+SINGLE = _SINGLE  # a feature of one axis (or none): its column is its representatives, the buckets' bounds
 
 #: A compiled feature: (kind, buckets, axis names, the axis it varies or None, static factor, static axis values).
 FeatureSpec = tuple[int, tuple[int, ...], tuple[str, ...], Union[str, None], int, tuple[tuple[str, int], ...]]

@@ -136,3 +136,18 @@ def test_a_size_negative_in_some_groups_only_raises_the_plain_loops_error(shift:
     )
     reps = build_representatives(plan)
     assert outcome(estimate_footprint, plan, reps) == outcome(reference_footprint, plan, reps)
+
+
+@pytest.mark.parametrize("buckets", [(-3, 2, 5), (0, 4), (-1,)])
+def test_columns_that_may_be_negative_are_checked(buckets: tuple[int, ...]) -> None:
+    """A feature's buckets below 0 make its axis column unsafe: sizes, strides and counts over it are checked."""
+    x0 = Axis("x0")
+    for arg in (
+        TensorArg("t", "buffer", (x0,), (Const(1),), "torch.int8", "npu:0"),
+        TensorArg("u", "buffer", (Const(2),), (x0,), "torch.int8", "npu:0"),
+        TensorArg("v", "buffer", (x0, Const(3)), (x0, Const(1)), "torch.int8", "npu:0"),
+        WorkspaceArg("w", Mul((x0, Const(2))), "torch.int8", "npu:0", "NONE"),
+    ):
+        plan = KernelPlan((GroupFeature("f", "axis", ("x0",), buckets),), ("x0",), (), (arg,))
+        reps = build_representatives(plan)
+        assert outcome(estimate_footprint, plan, reps) == outcome(reference_footprint, plan, reps)
