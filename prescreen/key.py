@@ -132,15 +132,18 @@ def _exprs_text(exprs: tuple[Expr, ...]) -> str:
     return "[" + ",".join([_expr_text(e) for e in exprs]) + "]"
 
 
-def _arg_text(arg: object) -> str:
+def _arg_text(arg: object, shapes: dict[object, tuple[str, str]]) -> str:
     kind = arg.__class__
     if kind is TensorArg:
         a: TensorArg = arg  # type: ignore[assignment]
         if a.source not in ("buffer", "constant"):
             raise _Other
+        shape = (a.size, a.stride)  # buffers of one shape are common: their text is written once
+        texts = shapes.get(shape)
+        if texts is None:
+            texts = shapes[shape] = (_exprs_text(a.size), _exprs_text(a.stride))
         return ('{"device":' + _s(a.device) + ',"dtype":' + _s(a.dtype) + ',"kind":"tensor","name":' + _s(a.name)
-                + ',"size_exprs":' + _exprs_text(a.size) + ',"source":' + _s(a.source)
-                + ',"stride_exprs":' + _exprs_text(a.stride) + "}")
+                + ',"size_exprs":' + texts[0] + ',"source":' + _s(a.source) + ',"stride_exprs":' + texts[1] + "}")
     if kind is WorkspaceArg:
         w: WorkspaceArg = arg  # type: ignore[assignment]
         return ('{"count_expr":' + _expr_text(w.count) + ',"device":' + _s(w.device) + ',"dtype":' + _s(w.dtype)
@@ -175,10 +178,11 @@ def canonical_texts(plan: KernelPlan) -> tuple[str, str]:
                 + ",".join(["[" + _s(n) + "," + _i(v) + "]" for n, v in sorted(statics.items())])
                 + '],"group_features":[' + features + "]")
         mutated = set(plan.mutated_arg_names)
+        shapes: dict[object, tuple[str, str]] = {}
         if any(n.__class__ is not str for n in mutated):
             raise _Other
         text = (head + ',"mutated_arg_names":' + _names_text(sorted(mutated)) + ',"ordered_arg_specs":['
-                + ",".join([_arg_text(a) for a in plan.args]) + "]}")
+                + ",".join([_arg_text(a, shapes) for a in plan.args]) + "]}")
         return head + "}", text
     except (_Other, TypeError):
         canonical = plan.canonical_payload()
