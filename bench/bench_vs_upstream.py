@@ -88,8 +88,9 @@ def interleaved_us(
 ) -> list[tuple[float, Any]]:
     """Median wall time in microseconds of each ``fn(setup())`` (``setup`` untimed, GC paused), and its last result.
 
-    The calls take turns, round after round, so that load on the machine
-    weighs on all of them alike; rounds go on until each call has ``reps``
+    The calls take turns, round after round, in an order that rotates each
+    round, so that load on the machine and the state of the CPU caches weigh
+    on all of them alike; rounds go on until each call has ``reps``
     samples and the rounds took ``min_seconds`` (at most 2,000 rounds). A call
     whose first run took over 0.5 s is not repeated: that run is its sample.
     """
@@ -102,7 +103,11 @@ def interleaved_us(
         began = time.perf_counter()
         rounds = 0
         while rounds < 2000 and (rounds <= reps or time.perf_counter() - began < min_seconds):
-            for i, (fn, setup) in enumerate(calls):
+            # The order rotates round by round: the call right after torch_npu's (which sweeps the CPU
+            # caches) is a different one each round, so no side always pays for it.
+            order = [(rounds + k) % len(calls) for k in range(len(calls))]
+            for i in order:
+                fn, setup = calls[i]
                 if slow[i]:
                     continue
                 arg = setup()
