@@ -163,20 +163,31 @@ def _names_text(names: object) -> str:
     return "[" + ",".join([_s(n) for n in names]) + "]"  # type: ignore[attr-defined]
 
 
+def _features_text(plan: KernelPlan) -> str:
+    return ",".join([
+        '{"axis_names":' + _names_text(f.axis_names) + ',"buckets":[' + ",".join([_i(b) for b in f.buckets])
+        + '],"name":' + _s(f.name) + ',"source":' + _s(f.source) + "}"
+        for f in plan.group_features
+    ])
+
+
+def _pairs_text(pairs: object, value: object) -> str:
+    """``[[name, value], ...]`` of (str, int) pairs (``value`` is ``_i``) or (str, str) pairs (``_s``)."""
+    out = []
+    for pair in pairs:  # type: ignore[attr-defined]
+        name, v = pair
+        out.append("[" + _s(name) + "," + value(v) + "]")  # type: ignore[operator]
+    return "[" + ",".join(out) + "]"
+
+
 def canonical_texts(plan: KernelPlan) -> tuple[str, str]:
     """``(family text, plan text)``: ``canonical_json`` of ``family_payload(plan)`` and of ``plan.canonical_payload()``."""
     try:
-        features = ",".join([
-            '{"axis_names":' + _names_text(f.axis_names) + ',"buckets":[' + ",".join([_i(b) for b in f.buckets])
-            + '],"name":' + _s(f.name) + ',"source":' + _s(f.source) + "}"
-            for f in plan.group_features
-        ])
         statics = dict(plan.axis_static_values)
         if any(k.__class__ is not str for k in statics):
             raise _Other
-        head = ('{"axis_names":' + _names_text(plan.axis_names) + ',"axis_static_values":['
-                + ",".join(["[" + _s(n) + "," + _i(v) + "]" for n, v in sorted(statics.items())])
-                + '],"group_features":[' + features + "]")
+        head = ('{"axis_names":' + _names_text(plan.axis_names) + ',"axis_static_values":'
+                + _pairs_text(sorted(statics.items()), _i) + ',"group_features":[' + _features_text(plan) + "]")
         mutated = set(plan.mutated_arg_names)
         shapes: dict[object, tuple[str, str]] = {}
         if any(n.__class__ is not str for n in mutated):
@@ -184,9 +195,23 @@ def canonical_texts(plan: KernelPlan) -> tuple[str, str]:
         text = (head + ',"mutated_arg_names":' + _names_text(sorted(mutated)) + ',"ordered_arg_specs":['
                 + ",".join([_arg_text(a, shapes) for a in plan.args]) + "]}")
         return head + "}", text
-    except (_Other, TypeError):
+    except (_Other, TypeError, ValueError):
         canonical = plan.canonical_payload()
         return canonical_json(_family_of(canonical)), canonical_json(canonical)
+
+
+def payload_text(plan: KernelPlan) -> str:
+    """``canonical_json(plan.to_payload())``, written directly (what an entry stores as its plan)."""
+    try:
+        shapes: dict[object, tuple[str, str]] = {}
+        labels = ('"axis_labels":' + _pairs_text(plan.axis_labels, _s) + ",") if plan.axis_labels else ""
+        return ("{" + labels + '"axis_names":' + _names_text(plan.axis_names) + ',"axis_static_values":'
+                + _pairs_text(plan.axis_static_values, _i) + ',"group_features":[' + _features_text(plan)
+                + '],"kernel_name":' + _s(plan.kernel_name) + ',"mutated_arg_names":'
+                + _names_text(plan.mutated_arg_names) + ',"ordered_arg_specs":['
+                + ",".join([_arg_text(a, shapes) for a in plan.args]) + "]}")
+    except (_Other, TypeError, ValueError):
+        return canonical_json(plan.to_payload())
 
 
 #: How many distinct plans' hashes ``plan_hashes`` remembers (least recently used dropped first).

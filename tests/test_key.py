@@ -9,7 +9,7 @@ from strategies import plan_payloads, upstream_meta
 from test_footprint_fast import plans
 
 from prescreen.expr import Axis, Const
-from prescreen.key import _hash_plan, canonical_texts, family_payload
+from prescreen.key import _hash_plan, canonical_texts, family_payload, payload_text
 from prescreen.plan import KernelPlan, TensorArg, canonical_json
 
 
@@ -45,3 +45,20 @@ def test_non_ascii_names_and_odd_values_give_the_same_text() -> None:
     # A value the direct writer does not cover (a bool where an int belongs) takes json's own path.
     boolish = dataclasses.replace(plan, axis_static_values=(("x0", True),))
     assert canonical_texts(boolish) == slow_texts(boolish)
+
+
+@settings(max_examples=300, deadline=None)
+@given(plan_payloads(extra_keys=True))
+def test_payload_text_equals_canonical_json_of_the_payload(payload: dict[str, object]) -> None:
+    plan = KernelPlan.from_payload(payload)
+    assert payload_text(plan) == canonical_json(plan.to_payload())
+    labelled = dataclasses.replace(plan, axis_labels=tuple((a, f"{a} in (8, 16]\u00e9") for a in plan.axis_names))
+    assert payload_text(labelled) == canonical_json(labelled.to_payload())
+
+
+@settings(max_examples=200, deadline=None)
+@given(plans())
+def test_payload_text_of_hand_built_plans(plan: KernelPlan) -> None:
+    assert payload_text(plan) == canonical_json(plan.to_payload())
+    odd = dataclasses.replace(plan, kernel_name="\u2603 k", axis_static_values=(("s0", True), ("x", 2)))
+    assert payload_text(odd) == canonical_json(odd.to_payload())

@@ -21,8 +21,8 @@ import time
 from collections.abc import Mapping
 
 from prescreen.decision import Decision
-from prescreen.key import SCHEMA_VERSION, KeyParts, family_hash, known_parts
-from prescreen.plan import KernelPlan, canonical_json
+from prescreen.key import SCHEMA_VERSION, KeyParts, family_hash, known_parts, payload_text
+from prescreen.plan import KernelPlan
 from prescreen.store.signing import SIGNATURE_FIELD, BadSignature, Signer, canonical
 
 MAX_ENTRY_BYTES = 4 * 2**20  # an entry's JSON text is a few KiB; anything above this cap is refused unread
@@ -62,7 +62,7 @@ class Entry:
             key=key,
             parts=parts,
             kernel=plan.display_name,
-            plan_text=canonical_json(plan.to_payload()),
+            plan_text=payload_text(plan),  # canonical_json(plan.to_payload()), written directly
             dynamic=plan.is_dynamic,
             family=family,
             decision=decision,
