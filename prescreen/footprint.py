@@ -769,7 +769,7 @@ def _nonneg(expr: Expr, safe: frozenset[str], constants: Mapping[str, int]) -> b
     return False
 
 
-NumelFn = Callable[[list[Any]], Union[int, list[int]]]
+NumelFn = Callable[[list[Any]], list[int]]
 
 
 def _checked(f: ColumnFn) -> ColumnFn:
@@ -786,7 +786,7 @@ def _checked(f: ColumnFn) -> ColumnFn:
 
 def _compile_numel(
     arg: TensorArg | WorkspaceArg, slots: Mapping[str, int], constants: Mapping[str, int], safe: frozenset[str]
-) -> tuple[NumelFn, tuple[Compiled, ...], tuple[Compiled, ...]]:
+) -> tuple[int | NumelFn, tuple[Compiled, ...], tuple[Compiled, ...]]:
     """Elements per group (an int, or a function of the feature columns), and the size and stride parts."""
 
     def checked(part: ColumnFn, expr: Expr) -> ColumnFn:
@@ -797,7 +797,7 @@ def _compile_numel(
         if isinstance(count, int):
             if count < 0:
                 raise _Unsupported
-            return (lambda cols: count), (count,), (1,)
+            return count, (count,), (1,)
         return checked(count, arg.count), (count,), (1,)
     if len(arg.size) != len(arg.stride):
         raise _Unsupported
@@ -817,8 +817,7 @@ def _compile_numel(
         else:
             dims.append((d if isinstance(d, int) else checked(d, d_expr), s if isinstance(s, int) else checked(s, s_expr)))
     if not dims:
-        numel = 0 if empty else base
-        return (lambda cols: numel), sizes, strides
+        return (0 if empty else base), sizes, strides
     if len(dims) == 1 and not empty:  # the common case: one varying dim
         d, s = dims[0]
         if isinstance(s, int):  # 1 + ... + (u - 1) * s, zero where u == 0
@@ -838,10 +837,10 @@ def _compile_numel(
     terms = [_term(d, s) for d, s in dims]
     if empty:
 
-        def nothing(cols: list[Any]) -> int:
+        def nothing(cols: list[Any]) -> list[int]:
             for term in terms:  # evaluated for their checks only
-                term(cols)
-            return 0
+                out = term(cols)
+            return [0] * len(out[1] if out.__class__ is tuple else out)
 
         return nothing, sizes, strides
     if len(terms) == 2:
@@ -899,10 +898,17 @@ def _combine(parts: list[list[int] | tuple[list[int], list[int]]], base: int) ->
 
 
 class FootprintProgram:
-    """A plan's arguments compiled against its representatives' program (see above)."""
+    """A plan's arguments compiled against its representatives' program (see above).
 
-    __slots__ = ("reps_program", "numels", "shapes", "keys", "itemsizes", "weights", "clone_weights", "names",
-                 "kinds", "dtypes")
+    Per distinct argument (``key``): its element count, a constant or a function of the
+    feature columns; the item sizes of its arguments summed (``weights``) and of its
+    mutated ones (``clone_weights``); and the one of its arguments that can be the
+    dominant one (the largest item size, the first of equals). Constant keys are
+    summed here once; ``varying`` lists the others.
+    """
+
+    __slots__ = ("reps_program", "varying", "const_bytes", "const_clone", "const_best", "shapes", "best_item",
+                 "best_arg", "names", "kinds", "dtypes", "has_args", "first_key")
 
     def __init__(self, plan: KernelPlan, reps_program: RepsProgram) -> None:
         self.reps_program = reps_program
@@ -918,11 +924,29 @@ class FootprintProgram:
             if axis in slots and (spec[0] != SINGLE or spec[1][0] >= 0)
         )
         compiled = [_compile_numel(arg, slots, constants, safe) for arg in distinct.new]
-        self.numels = [c[0] for c in compiled]
+        weights, clone_weights = distinct.weights(plan.mutated_arg_names)
+        self.best_item = [0] * len(compiled)
+        self.best_arg = [0] * len(compiled)
+        for i, (k, itemsize) in enumerate(zip(distinct.keys, distinct.itemsizes)):
+            if itemsize > self.best_item[k]:
+                self.best_item[k], self.best_arg[k] = itemsize, i
         self.shapes = [(c[1], c[2]) for c in compiled]
-        self.keys = distinct.keys
-        self.itemsizes = distinct.itemsizes
-        self.weights, self.clone_weights = distinct.weights(plan.mutated_arg_names)
+        self.varying: list[tuple[int, NumelFn, int, int]] = []
+        self.const_bytes = self.const_clone = 0
+        self.const_best = (-1, -1)  # (bytes, key) of the largest constant key's dominant candidate
+        for k, (numel, _, _) in enumerate(compiled):
+            if isinstance(numel, int):
+                self.const_bytes += numel * weights[k]
+                self.const_clone += numel * clone_weights[k]
+                candidate = (numel * self.best_item[k], k)
+                if candidate[0] > self.const_best[0] or (
+                    candidate[0] == self.const_best[0] and self.best_arg[k] < self.best_arg[self.const_best[1]]
+                ):
+                    self.const_best = candidate
+            else:
+                self.varying.append((k, numel, weights[k], clone_weights[k]))
+        self.has_args = bool(args)
+        self.first_key = distinct.keys[0] if args else -1
         self.names = [a.name for a in args]
         self.kinds = [a.kind for a in args]
         self.dtypes = [_canonical_dtype(a.dtype) for a in args]
@@ -1003,82 +1027,66 @@ def _run_compiled(program: FootprintProgram, grid: GroupGrid) -> Footprint:
             else:
                 cols.append(pick)
             inner *= shape[-1 - f]
-    numels: list[Any] = [numel(cols) for numel in program.numels]
-    weights = program.weights
-    if len(numels) == 1:  # one distinct argument (or several of one shape)
-        col = numels[0]
-        w, c = weights[0], program.clone_weights[0]
-        if col.__class__ is int:
-            totals = [col * w] * n
-            peaks: list[int] = [col]
-            peak_clone = col * c
-        else:
-            totals = col if w == 1 else [v * w for v in col]
-            top = max(col)
-            peaks = [top]
-            peak_clone = top * c
+    const, clone_const = program.const_bytes, program.const_clone
+    best_item = program.best_item
+    lists: list[list[int]] = []
+    clone_lists: list[list[int]] = []
+    candidates: list[tuple[int, int, int, list[int]]] = []  # (peak bytes, key, peak elements, column)
+    for k, numel, w, c in program.varying:
+        col = numel(cols)
+        lists.append(col if w == 1 else [v * w for v in col])
+        if c:
+            clone_lists.append(col if c == 1 else [v * c for v in col])
+        top = max(col)
+        candidates.append((top * best_item[k], k, top, col))
+    if not lists:
+        totals = [const] * n
     else:
-        const = clone_const = 0
-        lists: list[list[int]] = []
-        clone_lists: list[list[int]] = []
-        peaks = []
-        for col, w, c in zip(numels, weights, program.clone_weights):
-            if col.__class__ is int:
-                const += col * w
-                clone_const += col * c
-                peaks.append(col)
-            else:
-                lists.append(col if w == 1 else [v * w for v in col])
-                if c:
-                    clone_lists.append(col if c == 1 else [v * c for v in col])
-                peaks.append(max(col))
-        if not lists:
-            totals = [const] * n
+        if len(lists) == 1:
+            totals = lists[0]
+        elif len(lists) == 2:
+            totals = [a + b for a, b in zip(*lists)]
         else:
-            if len(lists) == 1:
-                totals = lists[0]
-            elif len(lists) == 2:
-                totals = [a + b for a, b in zip(*lists)]
-            else:
-                totals = [sum(t) for t in zip(*lists)]
-            if const:
-                totals = [t + const for t in totals]
-        if clone_lists:
-            peak_clone = clone_const + (
-                max(clone_lists[0]) if len(clone_lists) == 1 else max([sum(t) for t in zip(*clone_lists)])
-            )
-        else:
-            peak_clone = clone_const
+            totals = [sum(t) for t in zip(*lists)]
+        if const:
+            totals = [t + const for t in totals]
+    if clone_lists:
+        peak_clone = clone_const + (
+            max(clone_lists[0]) if len(clone_lists) == 1 else max([sum(t) for t in zip(*clone_lists)])
+        )
+    else:
+        peak_clone = clone_const
     synthetic = sum(totals)
     ids = grid.group_ids()
     dominant: ArgFootprint | None = None
-    keys, itemsizes = program.keys, program.itemsizes
-    if keys:
-        if len(keys) == 1:
-            best, peak = 0, peaks[0] * itemsizes[0]
-            numel = numels[0]
-            at = 0 if numel.__class__ is int else numel.index(peaks[0])
+    if program.has_args:
+        # The plain loop's dominant argument: the largest bytes, first in group order, then argument order.
+        peak, key = program.const_best
+        at = 0
+        best_arg = program.best_arg
+        for bytes_, k, top, col in candidates:
+            if bytes_ > peak:
+                peak, key, at = bytes_, k, col.index(top)
+            elif bytes_ == peak:
+                first = col.index(top)
+                if first < at or (first == at and best_arg[k] < best_arg[key]):
+                    key, at = k, first
+        if peak == 0:  # every argument takes 0 bytes in every group: the first one, in the first group
+            arg_index, key, at = 0, program.first_key, 0
         else:
-            peak = max([peaks[k] * w for k, w in zip(keys, itemsizes)])
-            at = best = -1
-            for i, (k, w) in enumerate(zip(keys, itemsizes)):
-                if peaks[k] * w == peak:
-                    numel = numels[k]
-                    first = 0 if numel.__class__ is int else numel.index(peaks[k])
-                    if at < 0 or first < at:
-                        at, best = first, i
-        sizes, strides = program.shapes[keys[best]]
+            arg_index = best_arg[key]
+        sizes, strides = program.shapes[key]
         dominant = _arg_footprint(
             ids[at],
-            program.names[best],
-            program.kinds[best],
-            program.dtypes[best],
+            program.names[arg_index],
+            program.kinds[arg_index],
+            program.dtypes[arg_index],
             tuple([_at(d, cols, at) for d in sizes]),
             tuple([_at(s, cols, at) for s in strides]),
             peak,
         )
     return _footprint(synthetic, peak_clone, synthetic + peak_clone, tuple(zip(ids, totals)),
-                     ids[totals.index(max(totals))], dominant)
+                      ids[totals.index(max(totals))], dominant)
 
 
 def estimate_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
@@ -1089,13 +1097,19 @@ def estimate_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
     every tie, but evaluates each expression once over the groups (see above).
     """
     groups = reps.groups
-    if groups.__class__ is GroupGrid and groups.program is not None and groups._len <= _SMALL_GRID:
-        reps_prog = plan.cache.representatives
-        if groups.program is reps_prog:  # built by the compiled path for this plan object
-            program = footprint_program(reps_prog, plan)
-            if program is not None:
+    if groups.__class__ is GroupGrid:
+        grid: GroupGrid = groups
+        reps_prog = grid.program
+        cache = plan._cache
+        # Built by the compiled path for this very plan object (its compiled form is on the plan)?
+        if reps_prog is not None and grid._len <= _SMALL_GRID and cache is not None \
+                and cache.representatives is reps_prog:
+            program = reps_prog.footprint
+            if program is None:
+                program = footprint_program(reps_prog, plan)
+            if program.__class__ is FootprintProgram:
                 try:
-                    return _run_compiled(program, groups)
+                    return _run_compiled(program, grid)
                 except _Negative:
                     pass
     args = _benchmark_args(plan)

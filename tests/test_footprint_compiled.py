@@ -151,3 +151,21 @@ def test_columns_that_may_be_negative_are_checked(buckets: tuple[int, ...]) -> N
         plan = KernelPlan((GroupFeature("f", "axis", ("x0",), buckets),), ("x0",), (), (arg,))
         reps = build_representatives(plan)
         assert outcome(estimate_footprint, plan, reps) == outcome(reference_footprint, plan, reps)
+
+
+@pytest.mark.parametrize("zero", [True, False])
+def test_the_dominant_argument_among_shared_shapes_and_ties_is_the_plain_loops(zero: bool) -> None:
+    """Buffers of one shape with different item sizes, ties across shapes, and every argument at 0 bytes."""
+    x0 = Axis("x0")
+    size = Const(0) if zero else x0
+    one = TensorArg("a", "buffer", (size, Const(2)), (Const(2), Const(1)), "torch.int8", "npu:0")
+    other = TensorArg("b", "buffer", (Mul((size, Const(2))),), (Const(1),), "torch.int16", "npu:0")
+    same_as_one = TensorArg("c", "buffer", one.size, one.stride, "torch.int16", "npu:0")
+    ws = WorkspaceArg("w", Mul((size, Const(4))), "torch.int8", "npu:0", "NONE")
+    for args in ((one, other, same_as_one), (other, one, same_as_one, ws), (ws, same_as_one, one, other)):
+        plan = KernelPlan((GroupFeature("f", "axis", ("x0",), (2, 4)),), ("x0",), (), args, ("a",))
+        reps = build_representatives(plan)
+        with mock.patch.object(footprint, "_run_compiled", wraps=footprint._run_compiled) as spy:
+            got = outcome(estimate_footprint, plan, reps)
+        assert spy.called
+        assert got == outcome(reference_footprint, plan, reps)
