@@ -336,7 +336,8 @@ FeatureSpec = tuple[int, tuple[int, ...], tuple[str, ...], Union[str, None], int
 class RepsProgram:
     """A plan's features, compiled: per feature ``(kind, buckets, axis names, axis, factor, statics)``."""
 
-    __slots__ = ("features", "axis_names", "base_values", "varying_axes", "group_count", "footprint")
+    __slots__ = ("features", "axis_names", "base_values", "varying_axes", "group_count", "footprint", "shape",
+                 "reachable_count")
 
     def __init__(
         self,
@@ -350,6 +351,9 @@ class RepsProgram:
         #: per feature, the axis whose value varies with its bucket (None: it varies none)
         self.varying_axes = tuple(f[3] if f[0] != _STATIC else None for f in features)
         self.group_count = math.prod(len(f[1]) + 1 for f in features)
+        #: the grid's numpy shape (a product of static axes reaches one bucket) and its number of groups
+        self.shape = tuple(1 if f[0] == _STATIC else len(f[1]) + 1 for f in reversed(features))
+        self.reachable_count = math.prod(self.shape)
         #: the estimator's compiled form of the same plan object's arguments (``prescreen.footprint``)
         self.footprint: object = None
 
@@ -440,8 +444,6 @@ def _choices(
 def _compiled(program: RepsProgram) -> Representatives:
     """The representatives of every bucket of every feature, as a grid (see ``GroupGrid.picks``)."""
     picks: list[tuple[int, ...] | int] = []
-    shape: list[int] = []
-    n = 1
     for kind, buckets, _names, _axis, factor, _pairs in program.features:
         last = buckets[-1]
         if kind == _SINGLE:  # a closed bucket is represented by its upper bound, the open one by 2 x its lower
@@ -451,25 +453,19 @@ def _compiled(program: RepsProgram) -> Representatives:
                           max(1, -(-max(last + 1, 2 * last) // factor))))
         else:  # a product of static axes reaches the one bucket holding it
             picks.append(bisect.bisect_left(buckets, factor))
-            shape.append(1)
-            continue
-        k = len(buckets) + 1
-        shape.append(k)
-        n *= k
     grid = GroupGrid.__new__(GroupGrid)
     grid._features = grid._groups = grid._ids = None
     grid.axis_names = program.axis_names
     grid.base_values = program.base_values
-    shape.reverse()
-    grid.shape = tuple(shape)
-    grid._len = n
+    grid.shape = program.shape
+    grid._len = n = program.reachable_count
     grid.program = program
     grid.picks = tuple(picks)
     count = program.group_count
     if n == count:
         return _representatives(count, grid, ())
     reachable = set(grid.group_ids())
-    return Representatives(count, grid, tuple([i for i in range(count) if i not in reachable]))
+    return _representatives(count, grid, tuple([i for i in range(count) if i not in reachable]))
 
 
 def build_representatives(plan: KernelPlan) -> Representatives:
