@@ -176,6 +176,7 @@ class Meter:
         self.stack: list[dict[str, Any]] = []
         self.global_peak = 0
         self.steps: list[dict[str, Any]] = []
+        self.plan_seconds = 0.0  # building each step's plans and deciding, as the guard does
 
     def _fold(self) -> int:
         torch.cuda.synchronize()
@@ -245,12 +246,15 @@ def instrument(meter: Meter) -> None:
     from prescreen.hooks import triton_autotune as rt
 
     def estimate(plans_fn: Callable[[], Any]) -> int | None:
+        start = time.perf_counter()
         try:
             plans = plans_fn()
             return max(decide(p, _BUDGET).estimated_bytes for p in (plans if isinstance(plans, list) else [plans]))
         except Exception as exc:  # a plan the guard cannot build is reported as such
             print(f"  (no estimate: {exc!r})")
             return None
+        finally:
+            meter.plan_seconds += time.perf_counter() - start
 
     inner_autotune = AlgorithmSelectorCache.autotune
 
@@ -333,6 +337,7 @@ def run_case(name: str, meter: Meter) -> dict[str, Any]:
     meter.steps = []
     largest_before = COUNTERS.largest_estimate
     COUNTERS.largest_estimate = 0
+    lookup_before, meter.plan_seconds = COUNTERS.seconds, 0.0
     start = time.perf_counter()
     row: dict[str, Any] = {"case": name}
     try:
@@ -351,6 +356,11 @@ def run_case(name: str, meter: Meter) -> dict[str, Any]:
         traceback.print_exc()
         row["whole_peak"] = meter.peak() - base
     row["seconds"] = round(time.perf_counter() - start, 1)
+    # the guard's own cost: its store lookups (timed inside prescreen) plus the plan building and
+    # deciding, which the meter repeats step by step outside the compile's timings
+    guard = COUNTERS.seconds - lookup_before + meter.plan_seconds
+    row["guard_ms"] = round(guard * 1000, 2)
+    row["guard_share"] = f"{guard / max(time.perf_counter() - start, 1e-9):.4%}"
     row["largest_lookup_estimate"] = COUNTERS.largest_estimate
     COUNTERS.largest_estimate = max(largest_before, COUNTERS.largest_estimate)
     row["steps"] = list(meter.steps)
@@ -420,12 +430,12 @@ def main() -> None:
             with open(args.json, "w") as fh:
                 json.dump(rows, fh, indent=1)
     print("\n| case | ok | estimate MiB | whole-compile peak MiB | of which first-call output MiB | "
-          "step peak MiB (largest step) | estimate / step peak | min over steps | steps | s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "step peak MiB (largest step) | estimate / step peak | min over steps | steps | s | guard ms | guard share |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['case']} | {r['ok']} | {mib(r['estimate'])} | {mib(r['whole_peak'])} | "
               f"{mib(r.get('output_bytes'))} | {mib(r['step_peak'])} ({r['step']}) | {r['ratio']} | "
-              f"{r['min_ratio']} | {len(r['steps'])} | {r['seconds']} |")
+              f"{r['min_ratio']} | {len(r['steps'])} | {r['seconds']} | {r.get('guard_ms')} | {r.get('guard_share')} |")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)
