@@ -19,6 +19,7 @@ round, with the load average, and the median over interleaved rounds. Redis is s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import multiprocessing
 import os
 import platform
@@ -201,9 +202,9 @@ def memo_lookups(
     for i in range(n):
         if recompute is not None and recompute_new is not None:
             q = plans[i % len(plans)]
-            recompute += timed(lambda q=q: decide(q, BUDGET), 1)
+            recompute += timed(functools.partial(decide, q, BUDGET), 1)
             fresh = dataclasses.replace(q)  # an equal plan object, built outside the timing
-            recompute_new += timed(lambda q=fresh: decide(q, BUDGET), 1)
+            recompute_new += timed(functools.partial(decide, fresh, BUDGET), 1)
         p = plans[i % len(plans)]
         if fresh_objects:
             p = KernelPlan.from_payload(p.to_payload())  # not timed: the hook builds its plan anyway
@@ -317,7 +318,7 @@ def main() -> None:
             keying = []
             for _ in range(it["get"]):
                 forget_plan_hashes()
-                keying += timed(lambda p=p: build_key(p, BUDGET), 1)
+                keying += timed(functools.partial(build_key, p, BUDGET), 1)
             entries = [entry(seed, size) for seed in range(1, it["put"] + 1)]
             plans = [plan(seed, *shape) for seed in range(1, it["put"] + 1)]
             results: dict[str, list[float]] = {"recompute, same obj": recompute, "recompute, new obj": recompute_new,
@@ -346,11 +347,11 @@ def main() -> None:
                 )
         print()
         lookups = ["repeat lookup, same obj", "repeat lookup, new obj", "first lookup, disk", "first lookup, redis"]
-        for base in ("recompute, same obj", "recompute, new obj"):
-            print(f"{base} / lookup, p50 (goal: repeated lookup >= 200x for mid, >= 50x for every plan):")
+        for baseline in ("recompute, same obj", "recompute, new obj"):
+            print(f"{baseline} / lookup, p50 (goal: repeated lookup >= 200x for mid, >= 50x for every plan):")
             print(f"{'plan':6} " + " ".join(f"{op:>24}" for op in lookups) + "  goal")
             for size, _n_args, _groups, _nbytes, results in rows:
-                recompute_p50 = statistics.median(results[base])
+                recompute_p50 = statistics.median(results[baseline])
                 cells = []
                 for op in lookups:
                     cells.append(f"{recompute_p50 / statistics.median(results[op]):23.1f}x" if op in results

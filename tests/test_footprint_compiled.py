@@ -78,7 +78,7 @@ def test_compiled_footprint_equals_the_plain_loop_and_runs_where_it_applies(plan
         assert outcome(estimate_footprint, plan, reps) == expected
     event("compiled" if spy.called else "general")
     program = plan.cache.representatives
-    if program is not None and footprint.footprint_program(program, plan) is not None:  # type: ignore[arg-type]
+    if program is not None and footprint.footprint_program(program, plan) is not None:
         assert spy.called or len(reps.groups) > footprint._SMALL_GRID
     # Representatives of an equal plan object are not this object's: the general path, same result.
     twin = dataclasses.replace(plan)
