@@ -694,9 +694,23 @@ class _Negative(Exception):
     """A size or stride is negative in some group: the general path raises the plain loop's error."""
 
 
-def _compile_expr(expr: Expr, slots: Mapping[str, int], constants: Mapping[str, int]) -> Compiled:
-    """An int (the same in every group) or a function of the feature columns giving one value per group."""
+def _compile_expr(
+    expr: Expr, slots: Mapping[str, int], constants: Mapping[str, int], shared: dict[Expr, Compiled] | None = None
+) -> Compiled:
+    """An int (the same in every group) or a function of the feature columns giving one value per group.
+
+    With ``shared``, equal expressions of one plan compile to one function (the dominant
+    argument's size and stride parts are then evaluated once each).
+    """
     kind = type(expr)
+    if shared is not None and kind is not Const:  # (1 == True: constants are not shared)
+        try:
+            found = shared.get(expr)
+        except TypeError:  # a hand-built expression holding a list: compiled on its own
+            return _compile_expr(expr, slots, constants)
+        if found is None:
+            found = shared[expr] = _compile_expr(expr, slots, constants)
+        return found
     if kind is Const:
         return expr.value  # type: ignore[union-attr]
     if kind is Axis:
@@ -785,7 +799,8 @@ def _checked(f: ColumnFn) -> ColumnFn:
 
 
 def _compile_numel(
-    arg: TensorArg | WorkspaceArg, slots: Mapping[str, int], constants: Mapping[str, int], safe: frozenset[str]
+    arg: TensorArg | WorkspaceArg, slots: Mapping[str, int], constants: Mapping[str, int], safe: frozenset[str],
+    shared: dict[Expr, Compiled],
 ) -> tuple[int | NumelFn, tuple[Compiled, ...], tuple[Compiled, ...]]:
     """Elements per group (an int, or a function of the feature columns), and the size and stride parts."""
 
@@ -793,7 +808,7 @@ def _compile_numel(
         return part if _nonneg(expr, safe, constants) else _checked(part)
 
     if isinstance(arg, WorkspaceArg):
-        count = _compile_expr(arg.count, slots, constants)
+        count = _compile_expr(arg.count, slots, constants, shared)
         if isinstance(count, int):
             if count < 0:
                 raise _Unsupported
@@ -801,8 +816,8 @@ def _compile_numel(
         return checked(count, arg.count), (count,), (1,)
     if len(arg.size) != len(arg.stride):
         raise _Unsupported
-    sizes = tuple(_compile_expr(e, slots, constants) for e in arg.size)
-    strides = tuple(_compile_expr(e, slots, constants) for e in arg.stride)
+    sizes = tuple(_compile_expr(e, slots, constants, shared) for e in arg.size)
+    strides = tuple(_compile_expr(e, slots, constants, shared) for e in arg.stride)
     base = 1
     empty = False
     dims: list[tuple[Compiled, Compiled]] = []  # the dims that vary, their columns checked where they can be < 0
@@ -923,7 +938,8 @@ class FootprintProgram:
             axis for axis, spec in zip(reps_program.varying_axes, reps_program.features)
             if axis in slots and (spec[0] != SINGLE or spec[1][0] >= 0)
         )
-        compiled = [_compile_numel(arg, slots, constants, safe) for arg in distinct.new]
+        shared: dict[Expr, Compiled] = {}
+        compiled = [_compile_numel(arg, slots, constants, safe, shared) for arg in distinct.new]
         weights, clone_weights = distinct.weights(plan.mutated_arg_names)
         self.best_item = [0] * len(compiled)
         self.best_arg = [0] * len(compiled)
@@ -1008,8 +1024,13 @@ def _arg_footprint(
     return out
 
 
-def _at(part: Compiled, cols: list[Any], index: int) -> int:
-    return part if isinstance(part, int) else part(cols)[index]
+def _at(part: Compiled, cols: list[Any], index: int, seen: dict[object, list[int]]) -> int:
+    if isinstance(part, int):
+        return part
+    col = seen.get(part)
+    if col is None:
+        col = seen[part] = part(cols)
+    return col[index]
 
 
 def _run_compiled(program: FootprintProgram, grid: GroupGrid) -> Footprint:
@@ -1034,9 +1055,10 @@ def _run_compiled(program: FootprintProgram, grid: GroupGrid) -> Footprint:
     candidates: list[tuple[int, int, int, list[int]]] = []  # (peak bytes, key, peak elements, column)
     for k, numel, w, c in program.varying:
         col = numel(cols)
-        lists.append(col if w == 1 else [v * w for v in col])
+        scaled = col if w == 1 else [v * w for v in col]
+        lists.append(scaled)
         if c:
-            clone_lists.append(col if c == 1 else [v * c for v in col])
+            clone_lists.append(scaled if c == w else col if c == 1 else [v * c for v in col])
         top = max(col)
         candidates.append((top * best_item[k], k, top, col))
     if not lists:
@@ -1076,13 +1098,14 @@ def _run_compiled(program: FootprintProgram, grid: GroupGrid) -> Footprint:
         else:
             arg_index = best_arg[key]
         sizes, strides = program.shapes[key]
+        seen: dict[object, list[int]] = {}  # a sub-expression of both a size and a stride is evaluated once
         dominant = _arg_footprint(
             ids[at],
             program.names[arg_index],
             program.kinds[arg_index],
             program.dtypes[arg_index],
-            tuple([_at(d, cols, at) for d in sizes]),
-            tuple([_at(s, cols, at) for s in strides]),
+            tuple([_at(d, cols, at, seen) for d in sizes]),
+            tuple([_at(s, cols, at, seen) for s in strides]),
             peak,
         )
     return _footprint(synthetic, peak_clone, synthetic + peak_clone, tuple(zip(ids, totals)),
