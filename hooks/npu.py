@@ -336,7 +336,7 @@ def _remembering(current: Callable[..., Any]) -> Callable[..., Any]:
             if not oom.is_oom(exc):
                 raise
             device = _tensor_device(args)
-            info = (oom.requested_bytes(exc), oom.free_bytes(device), oom.describe(exc))
+            info = oom.info(exc, device)
             choices, why = _fallback_choices(self)
             if choices is None:
                 oom.release(device)

@@ -16,8 +16,16 @@ benchmarker already treats it as an invalid config.
 from __future__ import annotations
 
 import gc
+import logging
 import re
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prescreen.plan import KernelPlan
+
+#: What a guard knows of an OOM: bytes requested, bytes free on the device, the error in one line.
+Info = tuple[int | None, int | None, str]
 
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 _TRIED = re.compile(r"[Tt]ried to allocate\s+([0-9.]+)\s*(B|KiB|MiB|GiB|TiB)")
@@ -96,3 +104,29 @@ def release(device: Any) -> None:
             backend.empty_cache()
     except Exception:  # a failing cleanup must not hide the retry
         pass
+
+
+def info(exc: BaseException, device: Any) -> Info:
+    """The facts an ``observed_oom`` entry keeps: bytes requested, bytes free now, the error."""
+    return requested_bytes(exc), free_bytes(device), describe(exc)
+
+
+def record(plans_of: Callable[[], Sequence["KernelPlan"]], device: Any, facts: Info, what: str,
+           fallback_name: str) -> None:
+    """Store the observed OOM under each of the step's keys (never raises) and log what the retry does."""
+    from prescreen.hooks import state
+    from prescreen.service import record_observed_oom
+
+    log = logging.getLogger("prescreen.hooks")
+    requested, free, error = facts
+    keys = []
+    try:
+        for plan in plans_of():
+            outcome = record_observed_oom(plan, state.budget_for(device), state.get_store(),
+                                          requested_bytes=requested, free_bytes=free, error=error)
+            keys.append(outcome.key[:12])
+    except Exception as exc:  # storing the fact must never break the retry
+        log.warning("prescreen: could not record the observed OOM of %s (%r)", what, exc)
+    log.warning("prescreen: %s ran out of memory (%s; requested %s bytes, %s free); redone with %s "
+                "and stored as observed_oom [key %s]", what, error, requested, free, fallback_name,
+                ", ".join(keys) or "?")

@@ -22,7 +22,7 @@ from prescreen.errors import NotBounded
 from prescreen.expr import Const, Expr, expr_from_sympy
 from prescreen.hooks import oom, state
 from prescreen.plan import KernelPlan, TensorArg, WorkspaceArg
-from prescreen.service import lookup_or_decide, record_observed_oom
+from prescreen.service import lookup_or_decide
 
 log = logging.getLogger("prescreen.hooks")
 
@@ -326,25 +326,6 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
     return guarded_call
 
 
-def _record_oom(plan_of: Callable[[], KernelPlan], device: Any, info: tuple[int | None, int | None, str],
-                what: str, fallback_name: str) -> None:
-    """Store the observed OOM under the step's key and say what the retry does."""
-    requested, free, error = info
-    key = "?"
-    try:
-        outcome = record_observed_oom(plan_of(), state.budget_for(device), state.get_store(),
-                                      requested_bytes=requested, free_bytes=free, error=error)
-        key = outcome.key[:12]
-    except Exception as exc:  # storing the fact must never break the retry
-        log.warning("prescreen: could not record the observed OOM of %s (%r)", what, exc)
-    log.warning("prescreen: %s ran out of memory (%s; requested %s bytes, %s free); redone with %s "
-                "and stored as observed_oom [key %s]", what, error, requested, free, fallback_name, key)
-
-
-def _oom_info(exc: BaseException, device: Any) -> tuple[int | None, int | None, str]:
-    return oom.requested_bytes(exc), oom.free_bytes(device), oom.describe(exc)
-
-
 def _wrap_autotune(original: Callable[..., Any]) -> Callable[..., Any]:
     """``autotune`` (where the selection's inputs are synthesized and benchmarked), with an OOM retry.
 
@@ -370,9 +351,9 @@ def _wrap_autotune(original: Callable[..., Any]) -> Callable[..., Any]:
             fallback = _fallback_choice(choices)
             if fallback is None:
                 raise  # nothing upstream offers to fall back to
-            info = _oom_info(exc, layout.device)
+            info = oom.info(exc, layout.device)
         oom.release(layout.device)  # the failed step's frames are gone once the except block ends
-        _record_oom(lambda: plan_for_selection(name, input_nodes, layout), layout.device, info,
+        oom.record(lambda: [plan_for_selection(name, input_nodes, layout)], layout.device, info,
                     f"the autotune benchmark of {name} ({len(choices)} choices)",
                     getattr(fallback, "name", type(fallback).__name__))
         return {c: (0.0 if c is fallback else float("inf")) for c in choices}
@@ -403,16 +384,29 @@ def _dep_names(node: Any) -> tuple[set[str], set[str]]:
     return reads, writes
 
 
-def _kernel_args(scheduler: Any, nodes: Sequence[Any]) -> tuple[list[str], set[str]]:
-    """The buffers one benchmarked kernel of ``nodes`` takes, and those it mutates.
+def _kernel_args(scheduler: Any, nodes: Sequence[Any]) -> tuple[list[str], set[str], set[str]]:
+    """The buffers one benchmarked kernel of ``nodes`` takes, those it mutates, and those it may write in place.
 
     As Inductor's codegen does: reads produced inside the kernel are not
     arguments, and a write every user of which is inside the kernel is removed
     (``Scheduler.can_buffer_be_removed_through_fusion``; kept where that method
     is missing). A buffer one node both reads and writes is mutated in place.
+
+    In place: a pointwise/reduction kernel may write an output into the buffer
+    of an intermediate input whose every user is in the kernel, of the same size
+    and dtype (``in_out_ptr``); the argument is then mutated, so
+    ``benchmark_codegened_module`` clones it for its first call and runtime
+    autotuning may clone it again. Which pair codegen picks is decided later, so
+    every output that has such an input is counted.
     """
+    from torch._inductor.virtualized import V
+
     names = {n.get_name() for node in nodes for n in node.get_nodes()}
     removable = getattr(scheduler, "can_buffer_be_removed_through_fusion", None)
+
+    def local(name: str) -> bool:
+        return removable is not None and bool(removable(name, names))
+
     reads: set[str] = set()
     writes: set[str] = set()
     mutated: set[str] = set()
@@ -421,28 +415,10 @@ def _kernel_args(scheduler: Any, nodes: Sequence[Any]) -> tuple[list[str], set[s
         reads |= r
         writes |= w
         mutated |= r & w
-    kept = {w for w in writes if w in mutated or removable is None or not removable(w, names)}
-    return sorted((reads - writes) | kept | mutated), mutated
-
-
-def _inplace_candidates(scheduler: Any, nodes: Sequence[Any], args: Sequence[str], mutated: set[str]) -> set[str]:
-    """Outputs a pointwise/reduction kernel of ``nodes`` may write into one of its inputs' buffers.
-
-    Inductor reuses an intermediate input whose every user is in the kernel for
-    an output of the same size and dtype (``in_out_ptr``); the argument is then
-    mutated, so ``benchmark_codegened_module`` clones it for its first call and
-    runtime autotuning may clone it again. Which pair it picks is decided at
-    codegen, so every output that has such an input is counted.
-    """
-    from torch._inductor.virtualized import V
-
+    kept = {w for w in writes if w in mutated or not local(w)}
+    args = sorted((reads - writes) | kept | mutated)
     if any(n.is_template() for n in nodes):
-        return set()
-    names = {n.get_name() for node in nodes for n in node.get_nodes()}
-    removable = getattr(scheduler, "can_buffer_be_removed_through_fusion", None)
-    graph_inputs = set(getattr(V.graph, "graph_inputs", {}))
-    writes = {w for node in nodes for w in _dep_names(node)[1]} & set(args)
-    reads = [r for r in args if r not in writes and r not in graph_inputs and r not in mutated]
+        return args, mutated, set()
 
     def shape(name: str) -> tuple[Any, ...] | None:
         try:
@@ -451,8 +427,12 @@ def _inplace_candidates(scheduler: Any, nodes: Sequence[Any], args: Sequence[str
         except Exception:
             return None
 
-    reusable = [shape(r) for r in reads if removable is None or removable(r, names)]
-    return {w for w in writes - mutated if shape(w) is not None and shape(w) in reusable}
+    graph_inputs = set(getattr(V.graph, "graph_inputs", {}))
+    reusable = {shape(r) for r in args
+                if r not in writes and r not in graph_inputs and r not in mutated and (removable is None or local(r))}
+    reusable.discard(None)
+    inplace = {w for w in (kept - mutated) if shape(w) in reusable}
+    return args, mutated, inplace
 
 
 def _fusion_kernels(node1: Any, node2: Any) -> list[tuple[str, list[Any]]]:
@@ -467,6 +447,13 @@ def _fusion_kernels(node1: Any, node2: Any) -> list[tuple[str, list[Any]]]:
     return [*alone, ("fusion:fused", [node1, node2])]
 
 
+def concrete_tensor_arg(label: str, tensor: Any) -> TensorArg:
+    """A plan argument for a real tensor: its own sizes, strides, dtype and device."""
+    return TensorArg(name=label, source="buffer", size=tuple(Const(int(d)) for d in tensor.size()),
+                     stride=tuple(Const(int(s)) for s in tensor.stride()), dtype=str(tensor.dtype),
+                     device=str(tensor.device))
+
+
 def _graph_tensor(conv: "_Converter", label: str, name: str) -> list[TensorArg | WorkspaceArg]:
     """One kernel argument: a graph buffer at its symbolic size, or a constant at its real size."""
     from torch._inductor.virtualized import V
@@ -474,9 +461,7 @@ def _graph_tensor(conv: "_Converter", label: str, name: str) -> list[TensorArg |
     graph = V.graph
     constant = getattr(graph, "constants", {}).get(name)
     if constant is not None:
-        return [TensorArg(name=label, source="buffer", size=tuple(Const(int(d)) for d in constant.size()),
-                          stride=tuple(Const(int(s)) for s in constant.stride()), dtype=str(constant.dtype),
-                          device=str(constant.device))]
+        return [concrete_tensor_arg(label, constant)]
     lookup = getattr(graph, "try_get_buffer", None) or graph.get_buffer
     buf = lookup(name)
     if buf is None:
@@ -489,7 +474,7 @@ def plans_for_fusion(scheduler: Any, node1: Any, node2: Any) -> list[KernelPlan]
 
     Each holds that kernel's arguments at their size hints (``get_args``
     synthesizes every one), the flush buffer, and for each argument the kernel
-    mutates (or may write in place, ``_inplace_candidates``) two clones: the one
+    mutates (or may write in place, ``_kernel_args``) two clones: the one
     ``benchmark_codegened_module`` passes to its first call, and the one runtime
     autotuning of that call may make. The kernels are benchmarked one at a time,
     so the step's footprint is the largest of these plans, not their union; the
@@ -500,8 +485,7 @@ def plans_for_fusion(scheduler: Any, node1: Any, node2: Any) -> list[KernelPlan]
     plans: list[KernelPlan] = []
     for kernel_name, nodes in _fusion_kernels(node1, node2):
         conv = _Converter(V.graph.sizevars)
-        names, mutated = _kernel_args(scheduler, nodes)
-        inplace = _inplace_candidates(scheduler, nodes, names, mutated)
+        names, mutated, inplace = _kernel_args(scheduler, nodes)
         args: list[TensorArg | WorkspaceArg] = []
         for i, name in enumerate(names):
             args.extend(_graph_tensor(conv, f"buf{i}", name))
@@ -511,10 +495,6 @@ def plans_for_fusion(scheduler: Any, node1: Any, node2: Any) -> list[KernelPlan]
                 args.extend(_graph_tensor(conv, f"buf{i}.autotune_clone", name))
         plans.append(_benchmark_plan(conv, args, _fusion_device(node1), kernel_name))
     return plans
-
-
-def _same(plan: KernelPlan) -> KernelPlan:
-    return plan
 
 
 def _fusion_device(node1: Any) -> Any:
@@ -564,11 +544,10 @@ def _wrap_fusion(original: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:
             if not oom.is_oom(exc):
                 raise
-            info = _oom_info(exc, device)
+            info = oom.info(exc, device)
         oom.release(device)
-        for plan in plans:  # which kernel ran out is not known: every one falls back next time
-            _record_oom(functools.partial(_same, plan), device, info,
-                        f"the epilogue-fusion benchmark ({plan.kernel_name})", "the unfused kernels")
+        # which kernel ran out is not known: every one falls back next time
+        oom.record(lambda: plans, device, info, "the epilogue-fusion benchmark", "the unfused kernels")
         return _no_fusion()
 
     setattr(guarded_fusion, _ORIGINAL_ATTR, original)

@@ -28,7 +28,7 @@ from typing import Any
 from prescreen.expr import Const
 from prescreen.hooks import oom, state
 from prescreen.plan import KernelPlan, TensorArg, WorkspaceArg
-from prescreen.service import lookup_or_decide, record_observed_oom
+from prescreen.service import lookup_or_decide
 
 log = logging.getLogger("prescreen.hooks")
 
@@ -116,33 +116,28 @@ def _device_clones(autotuner: Any, named: list[tuple[str, Any]], device: Any, fl
     if headroom is None:
         return candidates
     best: list[tuple[str, Any]] = []
+    best_bytes = 0
     budget, seen = max(headroom, 0), set[int]()
     while budget not in seen and len(seen) < max(len(getattr(autotuner, "launchers", ())), 1):
         seen.add(budget)
         kept = _greedy(on_device, budget)
-        if sum(_clone_bytes(v) for _n, v in kept) > sum(_clone_bytes(v) for _n, v in best):
-            best = kept
-        budget = max(budget, flush + sum(_clone_bytes(v) for _n, v in kept))
+        kept_bytes = sum(_clone_bytes(v) for _n, v in kept)
+        if kept_bytes > best_bytes:
+            best, best_bytes = kept, kept_bytes
+        budget = max(budget, flush + kept_bytes)
     return always + best
 
 
 def plan_for_autotuner(autotuner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> KernelPlan:
     """The runtime benchmark of one kernel: the mutated args upstream clones on the device, and the flush buffer."""
-    from prescreen.hooks.select_algorithm import GPU_SLACK_BYTES, flush_buffer_bytes
+    from prescreen.hooks.select_algorithm import GPU_SLACK_BYTES, concrete_tensor_arg, flush_buffer_bytes
 
     named = _named_args(autotuner, args, kwargs)
     device = _device_of(named)
     flush = flush_buffer_bytes(device)
-    plan_args: list[TensorArg | WorkspaceArg] = []
-    for name, value in _device_clones(autotuner, named, device, flush):
-        plan_args.append(TensorArg(
-            name=f"clone:{name}",
-            source="buffer",
-            size=tuple(Const(int(d)) for d in value.size()),
-            stride=tuple(Const(int(s)) for s in value.stride()),
-            dtype=str(value.dtype),
-            device=str(value.device),
-        ))
+    plan_args: list[TensorArg | WorkspaceArg] = [
+        concrete_tensor_arg(f"clone:{name}", value) for name, value in _device_clones(autotuner, named, device, flush)
+    ]
     if flush:
         dev = str(device)
         plan_args.append(WorkspaceArg("benchmark.cache_flush", Const(flush), "torch.uint8", dev, "NONE"))
@@ -193,22 +188,13 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:
             if not oom.is_oom(exc):
                 raise
-            info = (oom.requested_bytes(exc), oom.free_bytes(device), oom.describe(exc))
+            info = oom.info(exc, device)
         oom.release(device)
         try:
             self.reset_to_zero_args(*args, **kwargs)  # where upstream leaves the args after benchmarking
         except Exception:
             pass
-        key = "?"
-        try:
-            outcome = record_observed_oom(plan, state.budget_for(device), state.get_store(),
-                                          requested_bytes=info[0], free_bytes=info[1], error=info[2])
-            key = outcome.key[:12]
-        except Exception as exc:
-            log.warning("prescreen: could not record the observed OOM of %s (%r)", plan.kernel_name, exc)
-        log.warning("prescreen: runtime autotuning of %s ran out of memory (%s; requested %s bytes, %s free); "
-                    "using %s and stored as observed_oom [key %s]", plan.kernel_name, info[2], info[0], info[1],
-                    _describe_config(self), key)
+        oom.record(lambda: [plan], device, info, f"runtime autotuning of {plan.kernel_name}", _describe_config(self))
         return _first_config(self)
 
     setattr(guarded_benchmark_all_configs, _ORIGINAL_ATTR, original)
