@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,16 +24,12 @@ def _plan() -> KernelPlan:
 
 
 @pytest.fixture()
-def fusion_on_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[DiskStore]:
+def fusion_on_gpu(monkeypatch: pytest.MonkeyPatch, guard_store: DiskStore) -> DiskStore:
     """A fusion that upstream would benchmark, on a (pretend) 64 GiB CUDA device."""
     monkeypatch.setattr(sel, "_is_benchmarked_fusion", lambda _a, _b: True)
     monkeypatch.setattr(sel, "plans_for_fusion", lambda _s, _a, _b: [_plan()])
     monkeypatch.setattr(sel, "_fusion_device", lambda _n: torch.device("cuda", 0))
-    state.reset()
-    store = DiskStore(tmp_path / "s")
-    state.configure(store=store, device_memory="64GiB", ratio=0.25)
-    yield store
-    state.reset()
+    return guard_store
 
 
 def _should_fuse(result: Any) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -147,16 +146,12 @@ class FakeAutotuner:
 
 
 @pytest.fixture()
-def gpu_like(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[DiskStore]:
+def gpu_like(monkeypatch: pytest.MonkeyPatch, guard_store: DiskStore) -> DiskStore:
     """The runtime guard as on a GPU: tensors "on cuda", 64 GiB device memory, a fresh store."""
-    from prescreen.hooks import state, triton_autotune
+    from prescreen.hooks import triton_autotune
 
     monkeypatch.setattr(triton_autotune, "_device_of", lambda _named: torch.device("cuda", 0))
-    state.reset()
-    store = DiskStore(tmp_path / "s")
-    state.configure(store=store, device_memory="64GiB", ratio=0.25)
-    yield store
-    state.reset()
+    return guard_store
 
 
 def _args() -> tuple[torch.Tensor, torch.Tensor, int]:
