@@ -53,60 +53,74 @@ class Decision:
         """Strictly validate a stored decision; raises ``ValueError`` on anything off."""
         if not isinstance(d, Mapping):
             raise ValueError(f"decision must be a mapping, got {type(d).__name__}")
-        names = {f.name for f in dataclasses.fields(Decision)}
-        if set(d) != names:
-            raise ValueError(f"decision fields differ: missing {sorted(names - set(d))}, extra {sorted(set(d) - names)}")
-        if d["action"] not in ("tune", "fallback"):
-            raise ValueError(f"bad action {d['action']!r}")
-
-        def opt_int(key: str) -> int | None:
+        if d.keys() != _FIELDS:
+            raise ValueError(f"decision fields differ: missing {sorted(_FIELDS - set(d))}, extra {sorted(set(d) - _FIELDS)}")
+        action = d["action"]
+        if action not in ("tune", "fallback"):
+            raise ValueError(f"bad action {action!r}")
+        ints = {}
+        for key in _INT_FIELDS:
             v = d[key]
-            if v is None:
-                return None
-            if isinstance(v, bool) or not isinstance(v, int):
+            if v is not None and v.__class__ is not int:  # bools too
                 raise ValueError(f"{key} must be an int, got {v!r}")
-            return v
-
-        def req_int(key: str) -> int:
-            v = opt_int(key)
-            if v is None:
+            ints[key] = v
+        for key in _REQUIRED_INTS:
+            if ints[key] is None:
                 raise ValueError(f"{key} must be an int, got None")
-            return v
-
         for key in ("bounded", "enable_auto_blockify"):
-            if not isinstance(d[key], bool):
+            if d[key].__class__ is not bool:
                 raise ValueError(f"{key} must be a bool")
         for key in ("device_kind", "reason"):
             if not isinstance(d[key], str):
                 raise ValueError(f"{key} must be a string, got {d[key]!r}")
         ratio = d["ratio"]
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
+        if ratio.__class__ not in (int, float) or not 0 < ratio <= 1:
             raise ValueError(f"bad ratio {ratio!r}")
-        groups = d["group_bytes"]
-        if not isinstance(groups, list) or not all(
-            type(p) is list and len(p) == 2 and type(p[0]) is int and type(p[1]) is int for p in groups  # no bools
-        ):
-            raise ValueError("group_bytes must be a list of [group_id, bytes]")
+        group_bytes = _group_pairs(d["group_bytes"])
         dom = d["dominant_arg"]
         decision = Decision(
-            action=d["action"],
-            bounded=bool(d["bounded"]),
-            enable_auto_blockify=bool(d["enable_auto_blockify"]),
-            estimated_bytes=opt_int("estimated_bytes"),
-            synthetic_bytes=opt_int("synthetic_bytes"),
-            mutated_clone_bytes=opt_int("mutated_clone_bytes"),
-            budget_bytes=req_int("budget_bytes"),
-            total_memory=req_int("total_memory"),
+            action=action,
+            bounded=d["bounded"],  # type: ignore[arg-type]
+            enable_auto_blockify=d["enable_auto_blockify"],  # type: ignore[arg-type]
+            estimated_bytes=ints["estimated_bytes"],
+            synthetic_bytes=ints["synthetic_bytes"],
+            mutated_clone_bytes=ints["mutated_clone_bytes"],
+            budget_bytes=ints["budget_bytes"],  # type: ignore[arg-type]
+            total_memory=ints["total_memory"],  # type: ignore[arg-type]
             ratio=float(ratio),
             device_kind=d["device_kind"],  # type: ignore[arg-type]
             reason=d["reason"],  # type: ignore[arg-type]
-            largest_group_id=opt_int("largest_group_id"),
+            largest_group_id=ints["largest_group_id"],
             dominant_arg=None if dom is None else ArgFootprint.from_payload(dom),
-            group_bytes=tuple((g, b) for g, b in groups),
-            estimator_version=req_int("estimator_version"),
+            group_bytes=group_bytes,
+            estimator_version=ints["estimator_version"],  # type: ignore[arg-type]
         )
         _check_consistent(decision)
         return decision
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(Decision))
+_INT_FIELDS = ("estimated_bytes", "synthetic_bytes", "mutated_clone_bytes", "budget_bytes", "total_memory",
+               "largest_group_id", "estimator_version")
+_REQUIRED_INTS = ("budget_bytes", "total_memory", "estimator_version")
+_INT_ONLY = {int}
+
+
+def _group_pairs(groups: object) -> tuple[tuple[int, int], ...]:
+    """A stored ``group_bytes`` (``[[group_id, bytes], ...]``, ints only, no bools) as pairs; raises ``ValueError``.
+
+    Checked with C-level passes (``map``/``zip``/``set``): an entry holds one pair per group.
+    """
+    if groups.__class__ is not list:
+        raise ValueError("group_bytes must be a list of [group_id, bytes]")
+    if not groups:
+        return ()
+    if set(map(type, groups)) != {list} or set(map(len, groups)) != {2}:
+        raise ValueError("group_bytes must be a list of [group_id, bytes]")
+    ids, sizes = zip(*groups)
+    if not set(map(type, ids)) <= _INT_ONLY or not set(map(type, sizes)) <= _INT_ONLY:
+        raise ValueError("group_bytes must be a list of [group_id, bytes]")
+    return tuple(zip(ids, sizes))
 
 
 def _check_consistent(d: Decision) -> None:
@@ -127,9 +141,14 @@ def _check_consistent(d: Decision) -> None:
         raise ValueError(f"estimated_bytes={est} must equal synthetic_bytes={syn} + mutated_clone_bytes={mut}")
     if (d.action == "tune") != (est <= d.budget_bytes) and not is_observed_oom(d):
         raise ValueError(f"action={d.action} contradicts estimated_bytes={est} vs budget_bytes={d.budget_bytes}")
-    if any(b < 0 for _, b in d.group_bytes) or sum(b for _, b in d.group_bytes) != syn:
+    largest = None
+    if d.group_bytes:
+        _, sizes = zip(*d.group_bytes)
+        if min(sizes) < 0 or sum(sizes) != syn:
+            raise ValueError("group_bytes do not add up to synthetic_bytes")
+        largest = d.group_bytes[sizes.index(max(sizes))][0]
+    elif syn != 0:
         raise ValueError("group_bytes do not add up to synthetic_bytes")
-    largest = max(d.group_bytes, key=lambda item: item[1])[0] if d.group_bytes else None
     if d.largest_group_id != largest:
         raise ValueError(f"largest_group_id={d.largest_group_id} is not the largest group ({largest})")
 

@@ -38,36 +38,32 @@ class ArgFootprint:
     @staticmethod
     def from_payload(d: object) -> "ArgFootprint":
         """Strictly validate a stored arg footprint; raises ``ValueError`` on anything off."""
-        fields = ("group_id", "name", "kind", "dtype", "size", "stride", "num_bytes")
-        if not isinstance(d, dict) or set(d) != set(fields):
-            raise ValueError(f"dominant_arg must be an object with fields {list(fields)}, got {d!r}")
-
-        def exact_int(v: object, what: str) -> int:
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise ValueError(f"dominant_arg.{what} must be an int, got {v!r}")
-            return v
-
-        def ints(key: str) -> tuple[int, ...]:
-            v = d[key]
-            if not isinstance(v, list):
-                raise ValueError(f"dominant_arg.{key} must be a list of ints, got {v!r}")
-            return tuple(exact_int(x, f"{key}[]") for x in v)
-
+        if not isinstance(d, dict) or d.keys() != _ARG_FIELDS:
+            raise ValueError(f"dominant_arg must be an object with fields {sorted(_ARG_FIELDS)}, got {d!r}")
         for key in ("name", "kind", "dtype"):
             if not isinstance(d[key], str):
                 raise ValueError(f"dominant_arg.{key} must be a string, got {d[key]!r}")
-        num_bytes = exact_int(d["num_bytes"], "num_bytes")
-        if num_bytes < 0:
-            raise ValueError(f"dominant_arg.num_bytes must be >= 0, got {num_bytes}")
+        for key in ("group_id", "num_bytes"):
+            if d[key].__class__ is not int:  # bools too
+                raise ValueError(f"dominant_arg.{key} must be an int, got {d[key]!r}")
+        if d["num_bytes"] < 0:
+            raise ValueError(f"dominant_arg.num_bytes must be >= 0, got {d['num_bytes']}")
+        for key in ("size", "stride"):
+            v = d[key]
+            if v.__class__ is not list or not set(map(type, v)) <= {int}:
+                raise ValueError(f"dominant_arg.{key} must be a list of ints, got {v!r}")
         return ArgFootprint(
-            group_id=exact_int(d["group_id"], "group_id"),
+            group_id=d["group_id"],
             name=d["name"],
             kind=d["kind"],
             dtype=d["dtype"],
-            size=ints("size"),
-            stride=ints("stride"),
-            num_bytes=num_bytes,
+            size=tuple(d["size"]),
+            stride=tuple(d["stride"]),
+            num_bytes=d["num_bytes"],
         )
+
+
+_ARG_FIELDS = frozenset(f.name for f in dataclasses.fields(ArgFootprint))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

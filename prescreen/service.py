@@ -268,7 +268,7 @@ def _lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, wri
     with _lock:
         COUNTERS.lookups += 1
     if store is not None:
-        entry = store.get(key)
+        entry = store.lookup(key)
         if entry is not None and entry.dynamic != plan.is_dynamic:
             # The key matches this plan, so the stored flag was tampered with: a miss.
             store.warn_once("invalid entry", f"key {key[:12]}: dynamic flag does not match the plan")

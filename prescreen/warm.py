@@ -38,6 +38,9 @@ class ReadOnlyStore(Store):
     def get(self, key: str) -> Entry | None:
         return self.inner.get(key)
 
+    def lookup(self, key: str) -> Entry | None:
+        return self.inner.lookup(key)
+
     def put(self, entry: Entry) -> bool:
         return False
 

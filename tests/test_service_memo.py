@@ -19,13 +19,13 @@ SEED = 5
 
 def reads_of(store: DiskStore) -> list[str]:
     reads: list[str] = []
-    real_get = store.get
+    real_lookup = store.lookup
 
-    def counting_get(key: str) -> object:
+    def counting_lookup(key: str) -> object:
         reads.append(key)
-        return real_get(key)
+        return real_lookup(key)
 
-    store.get = counting_get  # type: ignore[method-assign, assignment]
+    store.lookup = counting_lookup  # type: ignore[method-assign, assignment]
     return reads
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import pickle
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import diskcache
 import pytest
-from test_store_support import BUDGET, make_entry, make_plan, warnings_of
+from test_store_support import BUDGET, entry_fields, entry_text, make_entry, make_plan, warnings_of
 
 from prescreen.decision import decide
 from prescreen.errors import ConfigError
@@ -66,7 +65,7 @@ def test_hits_are_counted_beside_the_entry(store: DiskStore) -> None:
     store.flush_hits()  # counts are batched; close, stats, entries and exit flush them too
     raw = raw_cache(store.directory)
     assert raw.get(entry.key) == text_before  # the entry text is never rewritten on a hit
-    assert json.loads(text_before)["hits"] == 0
+    assert entry_fields(text_before)["hits"] == 0
     assert raw.get(HITS_PREFIX + entry.key) == 3
     assert [e.hits for e in store.entries()] == [3]
     assert store.get(entry.key).hits == 4
@@ -129,25 +128,25 @@ def test_first_writer_wins(store: DiskStore) -> None:
 
 
 def _tampered_action(entry_json: str) -> str:
-    d = json.loads(entry_json)
+    d = entry_fields(entry_json)
     d["decision"]["action"] = "fallback" if d["decision"]["action"] == "tune" else "tune"
-    return json.dumps(d)
+    return entry_text(d)
 
 
 def _other_memory(entry_json: str) -> str:
     """A self-consistent decision for twice the memory (plan 5 is not bounded: still a fallback)."""
-    d = json.loads(entry_json)
+    d = entry_fields(entry_json)
     decision = d["decision"]
     assert not decision["bounded"]
     decision["total_memory"] *= 2
     decision["budget_bytes"] = int(decision["total_memory"] * decision["ratio"])
-    return json.dumps(d)
+    return entry_text(d)
 
 
 def _old_schema(entry_json: str) -> str:
-    d = json.loads(entry_json)
+    d = entry_fields(entry_json)
     d["schema_version"] = 0
-    return json.dumps(d)
+    return entry_text(d)
 
 
 INVALID_VALUES = {
@@ -210,7 +209,7 @@ def test_large_entries_are_text_files(tmp_path: Path) -> None:
         assert store.put(entry)
         files = list((tmp_path / "c").rglob("*.val"))
         assert len(files) == 1
-        assert json.loads(files[0].read_text())["key"] == entry.key
+        assert entry_fields(files[0].read_text())["key"] == entry.key
         assert store.get(entry.key).decision == entry.decision
 
 
@@ -313,6 +312,6 @@ def test_verify_entry_catches_a_consistent_forgery(store: DiskStore) -> None:
     assert verify_entry(entry)
     d = entry.to_payload()
     d["decision"]["reason"] = "forged"
-    raw_cache(store.directory).set(entry.key, json.dumps(d))
+    raw_cache(store.directory).set(entry.key, entry_text(d))
     forged = store.get(entry.key)  # structurally valid: the store cannot tell
     assert forged is not None and not verify_entry(forged)

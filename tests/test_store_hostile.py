@@ -12,7 +12,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 from test_store_redis import client, redis_url  # noqa: F401  (fixtures: a redis-server on loopback)
-from test_store_support import BUDGET, make_entry, make_plan, warnings_of
+from test_store_support import BUDGET, entry_fields, entry_text, make_entry, make_plan, warnings_of
 
 from prescreen.cli import cli
 from prescreen.decision import decide
@@ -30,12 +30,12 @@ def _set(path: list[str], number: str) -> Callable[[str], str]:
     """Put ``number`` (raw JSON text: Infinity, NaN, 1e400) at ``path`` in the entry's JSON."""
 
     def edit(text: str) -> str:
-        d = json.loads(text)
+        d = entry_fields(text)
         target = d
         for name in path[:-1]:
             target = target[name]
         target[path[-1]] = "@@NUMBER@@"
-        return json.dumps(d).replace('"@@NUMBER@@"', number)
+        return entry_text(d).replace('"@@NUMBER@@"', number)
 
     return edit
 
@@ -49,7 +49,7 @@ HOSTILE: dict[str, Callable[[str], str]] = {
     },
     "nested-100000": lambda text: "[" * 100_000 + "]" * 100_000,
     "nested-in-family": lambda text: text.replace('"family":{', '"family":{"x":' + "[" * 5000 + "]" * 5000 + ",", 1),
-    "over-the-cap": lambda text: text[:-1] + ',"pad":"' + "x" * (MAX_ENTRY_BYTES + 1) + '"}',
+    "over-the-cap": lambda text: text.replace("}\n", ',"pad":"' + "x" * (MAX_ENTRY_BYTES + 1) + '"}\n', 1),
     "versions-not-strings": lambda text: _set(["parts", "versions"], '{"torch":[1,2]}')(text),
     "top-level-array": lambda text: "[1,2,3]",
 }
@@ -185,10 +185,21 @@ def test_tiered_store(redis_url: str, client: redis.Redis, hostile: tuple[str, s
 # -- bundles ----------------------------------------------------------------------
 
 
+def bundle_item(text: str) -> str:
+    """A stored entry text (maybe hostile) as a bundle's entry: one JSON object, the plan line as its plan field.
+
+    The head line is kept as it is (raw numbers such as ``Infinity`` stay); a text without a plan line is used whole.
+    """
+    head, newline, plan = text.partition("\n")
+    if not newline or not head.endswith("}"):
+        return text
+    return head[:-1] + ',"plan":' + json.dumps(plan) + "}"
+
+
 def bundle_text(entries: list[str]) -> str:
     header = {"format": BUNDLE_FORMAT, "bundle_version": BUNDLE_VERSION, "schema_version": SCHEMA_VERSION}
     head = json.dumps({**header, "created_at": "now"})[:-1]
-    return head + ',"entries":[' + ",".join(entries) + "]}"
+    return head + ',"entries":[' + ",".join(bundle_item(e) for e in entries) + "]}"
 
 
 UNREADABLE = ["nested-100000", "nested-in-family", "over-the-cap"]  # no entry boundary to skip to: refused whole
@@ -221,7 +232,7 @@ def test_bundle_streams_in_bounded_memory(tmp_path: Path) -> None:
     count = 16 * 2**20 // len(entry)  # 16 MiB of entries
     with path.open("w") as out:
         out.write(bundle_text([])[:-2])
-        out.write(",".join([entry] * count))
+        out.write(",".join([bundle_item(entry)] * count))
         out.write("]}")
     stream = _Stream(path, str(path))
     tracemalloc.start()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -12,12 +13,12 @@ from unittest import mock
 
 import pytest
 from click.testing import CliRunner
-from test_store_support import BUDGET, make_entry, make_plan, plan_payload
+from test_store_support import BUDGET, entry_fields, entry_text, make_entry, make_plan, plan_payload
 
 from prescreen import service
 from prescreen.cli import cli
 from prescreen.decision import decide, is_observed_oom
-from prescreen.key import SCHEMA_VERSION, _hash_plan, build_key, forget_plan_hashes, plan_hashes
+from prescreen.key import SCHEMA_VERSION, _hash_plan, build_key, forget_plan_hashes, payload_text, plan_hashes
 from prescreen.plan import KernelPlan
 from prescreen.service import COUNTERS, lookup_or_decide, record_observed_oom
 from prescreen.store import DiskStore, export_bundle, import_bundle, verify_entry
@@ -27,16 +28,18 @@ SEED = 3
 
 
 def _edit(text: str, **fields: object) -> str:
-    d = json.loads(text)
+    d = entry_fields(text)
     d.update(fields)
-    return json.dumps(d)
+    return entry_text(d)
 
 
-def test_the_plan_is_one_string_field_and_round_trips() -> None:
+def test_the_plan_is_the_second_line_and_round_trips() -> None:
     entry = make_entry(SEED)
-    stored = json.loads(entry.to_json())
-    assert stored["schema_version"] == SCHEMA_VERSION == 2
-    assert isinstance(stored["plan"], str)
+    head, plan_line = entry.to_json().split("\n")  # exactly two lines
+    assert "plan" not in json.loads(head) and plan_line == entry.plan_text == payload_text(make_plan(SEED))
+    stored = entry_fields(entry.to_json())
+    assert stored["schema_version"] == SCHEMA_VERSION == 3
+    assert isinstance(stored["plan"], str) and entry.to_payload()["plan"] == plan_line
     assert stored["dynamic"] is make_plan(SEED).is_dynamic is True  # x0 and r0 have no static value
     assert KernelPlan.from_payload(entry.plan) == make_plan(SEED)
     assert Entry.from_json(entry.to_json()) == entry  # a listing decodes and re-hashes the plan
@@ -79,13 +82,17 @@ def test_a_dynamic_flag_that_disagrees_with_the_plan_is_invalid_wherever_the_pla
         assert not outcome.hit and outcome.decision == decide(make_plan(SEED), BUDGET)
 
 
-def test_old_schema_entries_are_misses(tmp_path: Path) -> None:
+@pytest.mark.parametrize("schema", [1, 2])
+def test_old_schema_entries_are_misses(tmp_path: Path, schema: int, caplog: pytest.LogCaptureFixture) -> None:
     entry = make_entry(SEED)
-    old = _edit(entry.to_json(), schema_version=1, plan=entry.plan)  # schema 1 embedded the plan object
-    with DiskStore(tmp_path) as store:
+    # Schemas 1 and 2 were one JSON line: 1 embedded the plan object, 2 held its text as a string field.
+    fields = dict(entry.to_payload(), schema_version=schema, plan=entry.plan if schema == 1 else entry.plan_text)
+    old = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    with DiskStore(tmp_path) as store, caplog.at_level(logging.WARNING, logger="prescreen.store"):
         assert store._cache is not None
         store._cache.set(entry.key, old)
         assert store.get(entry.key) is None
+        assert any(f"entry has schema {schema}" in r.getMessage() for r in caplog.records)
         outcome = lookup_or_decide(make_plan(SEED), BUDGET, store)
         assert not outcome.hit
         assert store.get(entry.key) is not None  # the invalid value was replaced

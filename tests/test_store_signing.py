@@ -11,7 +11,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 from test_store_redis import client, redis_url  # noqa: F401  (fixtures: a redis-server on loopback)
-from test_store_support import BUDGET, make_entry, make_plan, warnings_of
+from test_store_support import BUDGET, entry_fields, entry_text, make_entry, make_plan, warnings_of
 
 from prescreen.cli import cli
 from prescreen.decision import decide
@@ -37,17 +37,17 @@ def forged_text(entry: Entry, signer: Signer | None = None) -> str:
     d["decision"]["reason"] = "forged"  # type: ignore[index]
     if signer is not None:
         d["signature"] = signer.sign(d)
-    return json.dumps(d)
+    return entry_text(d)
 
 
 def forgeries(entry: Entry) -> dict[str, str]:
-    genuine = json.loads(entry.to_json(Signer(SECRET.encode())))
+    genuine = entry_fields(entry.to_json(Signer(SECRET.encode())))
     tampered = dict(genuine, created_at=genuine["created_at"] + 1)  # a signed entry, edited after signing
     return {
         "unsigned": forged_text(entry),
         "other-key": forged_text(entry, Signer(b"another secret, 16+ bytes")),
-        "tampered": json.dumps(tampered),
-        "signature-not-a-string": json.dumps(dict(genuine, signature=7)),
+        "tampered": entry_text(tampered),
+        "signature-not-a-string": entry_text(dict(genuine, signature=7)),
     }
 
 
@@ -72,7 +72,7 @@ def test_disk_store_signs_and_checks(tmp_path: Path, keyed: None, caplog) -> Non
         assert store._cache is not None
         entry = make_entry(1)
         assert store.put(entry)
-        stored = json.loads(store._cache.get(entry.key))
+        stored = entry_fields(store._cache.get(entry.key))
         assert stored["signature"].startswith("hmac-sha256:")
         assert store.get(entry.key) is not None
         assert_forgeries_are_misses(store, store._cache.set, caplog)
@@ -117,9 +117,9 @@ def test_import_refuses_unsigned_and_forged_entries_naming_the_count(tmp_path: P
     data = json.loads((tmp_path / "b.json").read_text())
     assert all(e["signature"].startswith("hmac-sha256:") for e in data["entries"])
     target = make_entry(SEED)
-    bad = [json.loads(text) for text in forgeries(target).values()]
+    bad = [entry_fields(text) for text in forgeries(target).values()]
     # Two entries for one key: a forgery first, then the genuine one. The genuine one must win.
-    data["entries"] = [*bad, *data["entries"], json.loads(target.to_json(Signer(SECRET.encode())))]
+    data["entries"] = [*bad, *data["entries"], entry_fields(target.to_json(Signer(SECRET.encode())))]
     (tmp_path / "b.json").write_text(json.dumps(data))
     with DiskStore(tmp_path / "dst") as dst, caplog.at_level(logging.WARNING, logger="prescreen.store"):
         assert import_bundle(dst, tmp_path / "b.json") == (4, len(bad))

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from prescreen.budget import Budget
 from prescreen.plan import KernelPlan
 from prescreen.service import lookup_or_decide
 from prescreen.store.entry import Entry
+from prescreen.store.signing import canonical
 
 DTYPES = ("torch.float16", "torch.float32", "torch.bfloat16", "torch.int8")
 BUDGET = Budget("npu", 16 * 2**30, 0.25)
@@ -58,3 +62,16 @@ def make_entry(seed: int, **plan_kw: int) -> Entry:
 def warnings_of(caplog: object) -> list[str]:
     """The prescreen.store warning messages captured by pytest's ``caplog``."""
     return [r.getMessage() for r in caplog.records if r.name == "prescreen.store" and r.levelname == "WARNING"]
+
+
+def entry_fields(text: str | bytes) -> dict[str, Any]:
+    """A stored entry text (head line, newline, plan line) as one payload dict, the plan a string field."""
+    head, _, plan = (text.decode() if isinstance(text, bytes) else text).partition("\n")
+    fields: dict[str, Any] = json.loads(head)
+    fields["plan"] = plan
+    return fields
+
+
+def entry_text(fields: dict[str, Any]) -> str:
+    """The stored text of a payload dict (edited or not): ``signing.canonical``."""
+    return canonical(fields)

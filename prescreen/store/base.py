@@ -77,6 +77,13 @@ class Store(abc.ABC):
     def get(self, key: str) -> Entry | None:
         """The valid entry under ``key``, or None (missing, invalid or unreadable)."""
 
+    def lookup(self, key: str) -> Entry | None:
+        """``get`` for a decision: the hit is counted, but the entry's stored hit count is not read (its ``hits`` is 0).
+
+        A lookup needs the decision only; ``inspect`` and listings read the counts.
+        """
+        return self.get(key)
+
     @abc.abstractmethod
     def put(self, entry: Entry) -> bool:
         """Store ``entry`` unless a valid one is there already; False when it could not."""

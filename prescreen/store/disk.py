@@ -443,15 +443,28 @@ class DiskStore(Store):
             return None
         self.hits += 1
         stored = self._stored_hits(key)
+        return entry.with_hits(stored + self._count_hit(key))
+
+    def lookup(self, key: str) -> Entry | None:
+        entry = self._decode(key, self._read(key))
+        if entry is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._count_hit(key)
+        return entry
+
+    def _count_hit(self, key: str) -> int:
+        """Buffer one hit of ``key`` (flushed every ``HIT_FLUSH_SECONDS``); returns its hits not yet written."""
         if not (self.count_hits and self._cache is not None):
-            return entry.with_hits(stored)
+            return 0
         with self._hits.lock:
             self._hits.pending[key] += 1
             pending = self._hits.pending[key]
             due = time.monotonic() - self._hits.flushed_at >= HIT_FLUSH_SECONDS
         if due:
             self.flush_hits()
-        return entry.with_hits(stored + pending)
+        return pending
 
     def flush_hits(self) -> None:
         """Write the hit counts gathered since the last flush (one transaction).

@@ -1,10 +1,11 @@
 """A stored decision: JSON text, validated on the way back in.
 
-Schema 2 keeps the plan apart from the decision inside the entry: the plan is
-one JSON *string* field (its canonical text), so a lookup's JSON parse skips
-over it as a single string instead of building ~5 KB of nested objects, and
-only listings, imports, bundles and ``inspect --verify`` decode it (``Entry.plan``).
-The signature covers the whole text, plan included. ``dynamic`` (the plan has
+Schema 3 stores the decision apart from the plan: the stored text is a head
+line (key, key parts, decision, provenance: sorted-key JSON) and, after one
+newline, the plan's canonical JSON text (``signing.canonical``). A lookup
+parses the head line only; listings, imports, bundles and ``inspect --verify``
+decode the plan (``Entry.plan``). In a payload (bundles, ``inspect --json``)
+the plan is one string field, ``plan``. The signature covers both lines. ``dynamic`` (the plan has
 an axis without a static value) is stored beside the decision so a hit can check
 the decision's ``enable_auto_blockify`` without decoding the plan; wherever the
 plan is decoded, ``dynamic`` must match it.
@@ -23,7 +24,7 @@ from collections.abc import Mapping
 from prescreen.decision import Decision
 from prescreen.key import SCHEMA_VERSION, KeyParts, family_hash, known_parts, payload_text
 from prescreen.plan import KernelPlan
-from prescreen.store.signing import SIGNATURE_FIELD, BadSignature, Signer, canonical
+from prescreen.store.signing import PLAN_FIELD, SIGNATURE_FIELD, BadSignature, Signer, canonical
 
 MAX_ENTRY_BYTES = 4 * 2**20  # an entry's JSON text is a few KiB; anything above this cap is refused unread
 MAX_DEPTH = 64  # nesting of a stored plan or family; a valid plan expression is a few levels deep
@@ -207,23 +208,34 @@ class Entry:
 
     @staticmethod
     def from_json(text: str | bytes, expected_key: str | None = None, signer: Signer | None = None) -> "Entry":
-        """Parse and validate stored JSON text; raises ``InvalidEntry`` (never anything else) naming what is wrong.
+        """Parse and validate stored text; raises ``InvalidEntry`` (never anything else) naming what is wrong.
 
         With a signer the signature is checked on the text itself, before parsing.
+        Only the head line is parsed here; the plan line is kept as text.
         """
+        if len(text) > MAX_ENTRY_BYTES:
+            raise InvalidEntry(f"entry is {len(text)} bytes, over the {MAX_ENTRY_BYTES}-byte cap")
+        if isinstance(text, bytes):
+            try:
+                text = text.decode("utf-8")
+            except UnicodeDecodeError:
+                raise InvalidEntry("entry is not UTF-8 text") from None
         if signer is not None:
-            if isinstance(text, bytes):
-                try:
-                    text = text.decode("utf-8")
-                except UnicodeDecodeError:
-                    raise InvalidEntry("entry is not UTF-8 text") from None
-            if len(text) > MAX_ENTRY_BYTES:
-                raise InvalidEntry(f"entry is {len(text)} bytes, over the {MAX_ENTRY_BYTES}-byte cap")
             try:
                 signer.verify_text(text)
             except BadSignature as exc:
                 raise UnsignedEntry(str(exc)) from None
-        return Entry.from_payload(parse_json(text), expected_key)
+        head, newline, plan_text = text.partition("\n")
+        d = parse_json(head)
+        if not newline:
+            schema = d.get("schema_version") if isinstance(d, dict) else None
+            if schema != SCHEMA_VERSION:
+                raise InvalidEntry(f"entry has schema {schema!r}, this prescreen reads schema {SCHEMA_VERSION}")
+            raise InvalidEntry(f"entry has no plan line (schema {SCHEMA_VERSION} stores a head line, then the plan line)")
+        if not isinstance(d, dict) or PLAN_FIELD in d:
+            raise InvalidEntry("entry's head line must be a JSON object without a plan field")
+        d[PLAN_FIELD] = plan_text
+        return Entry.from_payload(d, expected_key)
 
 
 def parse_json(text: str | bytes) -> object:

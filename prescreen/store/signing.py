@@ -4,10 +4,11 @@ Without a secret, the store is trusted input: whoever can write the cache
 directory, the Redis database or a bundle decides what prescreen does. With
 ``PRESCREEN_SIGNING_KEY`` (the secret itself) or ``PRESCREEN_SIGNING_KEY_FILE``
 (a file holding it, readable by its owner only), every entry written carries
-``"signature": "hmac-sha256:<hex>"`` over its canonical JSON text (sorted keys,
-no spaces, ``hits`` as 0, no signature), which holds the key. The signature is
-the last field of the stored text, so a lookup checks it on the text as stored,
-before parsing it; a bundle entry is re-serialized first. Read back from disk,
+``"signature": "hmac-sha256:<hex>"`` over its stored text (``canonical``: the
+head line of sorted-key JSON with ``hits`` as 0 and no signature, a newline,
+the plan line), which holds the key. The signature is the head line's last
+field, so a lookup checks it on the text as stored, before parsing it; a
+bundle entry is re-serialized first. Read back from disk,
 Redis or a bundle, an entry that is unsigned or whose signature does not
 verify is a miss (one warning), and ``import`` refuses it. The signature is an
 optional field: a prescreen without a secret reads signed entries as before.
@@ -31,7 +32,7 @@ SIGNING_KEY_FILE_ENV = "PRESCREEN_SIGNING_KEY_FILE"
 MIN_KEY_BYTES = 16
 SIGNATURE_FIELD = "signature"
 _SCHEME = "hmac-sha256:"
-# "signature" sorts after every other field of an entry, so it closes the canonical text.
+# "signature" sorts after every other field of an entry's head, so it closes the head line.
 _TAIL = re.compile(r',"signature":"(hmac-sha256:[0-9a-f]{64})"\}\Z')
 
 
@@ -71,18 +72,33 @@ class Signer:
 
     def verify_text(self, text: str) -> None:
         """Raise ``BadSignature`` unless stored ``text`` is canonical with our signature as its last field."""
-        match = _TAIL.search(text)
+        head, newline, plan = text.partition("\n")
+        match = _TAIL.search(head)
         if match is None:
-            if f'"{SIGNATURE_FIELD}"' in text:
+            if f'"{SIGNATURE_FIELD}"' in head:
                 raise BadSignature("entry's signature is malformed")
             raise BadSignature("entry is unsigned and a signing key is configured")
-        if not hmac.compare_digest(match.group(1), self._mac(text[: match.start()] + "}")):
+        if not hmac.compare_digest(match.group(1), self._mac(head[: match.start()] + "}" + newline + plan)):
             raise BadSignature("entry's signature does not verify with the configured signing key")
 
 
+PLAN_FIELD = "plan"
+
+
 def canonical(payload: Mapping[str, object]) -> str:
-    """The one JSON text of an entry payload that is signed and stored (``Entry.to_json`` writes it)."""
-    return json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    """The one text of an entry payload that is signed and stored (``Entry.to_json`` writes it).
+
+    Two lines: the payload without its plan as JSON (sorted keys, no spaces),
+    then the plan's own canonical JSON text (``payload["plan"]``, a string), so
+    a lookup parses the first line only. Neither line holds a raw newline (JSON
+    escapes them). A payload whose plan is not a string (a hostile bundle) gets
+    that value's JSON as its second line: it signs and verifies, and is refused
+    as an entry.
+    """
+    head = {k: v for k, v in payload.items() if k != PLAN_FIELD}
+    plan = payload.get(PLAN_FIELD)
+    plan_line = plan if isinstance(plan, str) else json.dumps(plan, sort_keys=True, separators=(",", ":"))
+    return json.dumps(head, sort_keys=True, separators=(",", ":")) + "\n" + plan_line
 
 
 def _read_key_file(path: Path) -> bytes:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prescreen.store.base import Store, StoreStats
 from prescreen.store.entry import Entry
@@ -27,9 +27,15 @@ class TieredStore(Store):
         return self.local, self.remote
 
     def get(self, key: str) -> Entry | None:
-        entry = self.local.get(key)
+        return self._get(lambda store: store.get(key))
+
+    def lookup(self, key: str) -> Entry | None:
+        return self._get(lambda store: store.lookup(key))
+
+    def _get(self, read: Callable[[Store], Entry | None]) -> Entry | None:
+        entry = read(self.local)
         if entry is None:
-            entry = self.remote.get(key)
+            entry = read(self.remote)
             if entry is not None:
                 self.local.put(entry)
         if entry is None:
