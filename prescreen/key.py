@@ -16,20 +16,34 @@ from prescreen.expr import Add, Axis, Const, Expr, FloorDiv, Mul, RuntimeArg
 from prescreen.plan import KernelPlan, SizeArg, TensorArg, WorkspaceArg, canonical_json
 
 #: Bumped whenever the stored entry layout changes.
-SCHEMA_VERSION = 2  # 2: the plan is one JSON string field of the entry, decoded only when needed
+SCHEMA_VERSION = 3  # 2: the plan is one JSON string field of the entry; 3: the plan is the stored text's second line
 
 
 @functools.cache
 def library_versions() -> tuple[tuple[str, str], ...]:
-    """Versions of the libraries whose behaviour a decision depends on."""
-    out = []
-    for dist in ("torch", "torch_npu", "triton", "triton-ascend"):
-        try:
-            version = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            version = "absent"
-        out.append((dist, version))
-    return tuple(out)
+    """Versions of the libraries whose behaviour a decision depends on ("absent" where not installed)."""
+    return tuple((dist, _version(dist)) for dist in ("torch", "torch_npu", "triton", "triton-ascend"))
+
+
+def _version(dist: str) -> str:
+    """``importlib.metadata.version(dist)``, read from the metadata's header lines only.
+
+    ``metadata.version`` parses the whole METADATA file (torch's long description
+    included) with the email parser: 2 to 200 ms in a process's first lookup,
+    inside its first compile. The ``Version:`` header comes before the first
+    blank line.
+    """
+    try:
+        found = metadata.distribution(dist)
+    except metadata.PackageNotFoundError:
+        return "absent"
+    text = found.read_text("METADATA") or found.read_text("PKG-INFO") or ""
+    for line in text.splitlines():
+        if not line:
+            break
+        if line.startswith("Version:"):
+            return line[len("Version:"):].strip()
+    return found.version  # an unusual file: the full parser
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

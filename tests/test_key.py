@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+from importlib import metadata
 
+import pytest
 from hypothesis import given, settings
 from strategies import plan_payloads, upstream_meta
 from test_footprint_fast import plans
 
 from prescreen.expr import Axis, Const
-from prescreen.key import _hash_plan, canonical_texts, family_payload, payload_text
+from prescreen.key import _hash_plan, _version, canonical_texts, family_payload, library_versions, payload_text
 from prescreen.plan import KernelPlan, TensorArg, canonical_json
 
 
@@ -62,3 +64,13 @@ def test_payload_text_of_hand_built_plans(plan: KernelPlan) -> None:
     assert payload_text(plan) == canonical_json(plan.to_payload())
     odd = dataclasses.replace(plan, kernel_name="\u2603 k", axis_static_values=(("s0", True), ("x", 2)))
     assert payload_text(odd) == canonical_json(odd.to_payload())
+
+
+@pytest.mark.parametrize("dist", ["torch", "numpy", "click", "diskcache", "sympy", "prescreen", "no-such-dist-xyz"])
+def test_versions_are_read_from_the_metadata_headers_as_importlib_reads_them(dist: str) -> None:
+    try:
+        expected = metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        expected = "absent"
+    assert _version(dist) == expected
+    assert dict(library_versions())["torch"] == metadata.version("torch")
