@@ -12,7 +12,15 @@ every benchmark really runs). Measured with ``torch.cuda.max_memory_allocated``:
   began: ``AlgorithmSelectorCache.autotune`` (selection benchmark),
   ``Scheduler.speedup_by_fusion`` when it benchmarks (epilogue fusion) and
   ``CachingAutotuner.benchmark_all_configs`` (Triton runtime autotuning);
-- estimate: prescreen's estimate for the same step (the plan the guard builds).
+- estimate: prescreen's estimate for the same step (the plan the guard builds);
+- guard ms: the time spent in prescreen's own code during the case, exactly: the
+  time inside each of prescreen's wrappers (``AlgorithmSelectorCache.__call__``
+  and ``.autotune``, ``Scheduler.speedup_by_fusion``,
+  ``CachingAutotuner.benchmark_all_configs``) minus the time inside the upstream
+  method that wrapper calls (both timed by wrappers put around them, below and
+  above prescreen's: ``GuardClock``). Building plans, lookups, opening the
+  store, logging and the wrappers themselves are in it; the meter's own work
+  is not.
 
     python bench/gpu_coverage.py [--cases mm,bmm,...] [--json out.json]
 """
@@ -176,7 +184,6 @@ class Meter:
         self.stack: list[dict[str, Any]] = []
         self.global_peak = 0
         self.steps: list[dict[str, Any]] = []
-        self.plan_seconds = 0.0  # building each step's plans and deciding, as the guard does
 
     def _fold(self) -> int:
         torch.cuda.synchronize()
@@ -235,6 +242,64 @@ class Meter:
         return self.global_peak
 
 
+GUARDED = ("select", "autotune", "fusion", "runtime")
+
+
+def _guarded_methods() -> dict[str, tuple[Any, str]]:
+    from torch._inductor import scheduler
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    from torch._inductor.select_algorithm import AlgorithmSelectorCache
+
+    return {"select": (AlgorithmSelectorCache, "__call__"), "autotune": (AlgorithmSelectorCache, "autotune"),
+            "fusion": (scheduler.Scheduler, "speedup_by_fusion"),
+            "runtime": (CachingAutotuner, "benchmark_all_configs")}
+
+
+class GuardClock:
+    """prescreen's own time, exactly: time inside its wrappers minus time inside the upstream methods they call.
+
+    ``below()`` wraps the upstream methods before prescreen is installed (so
+    prescreen's wrappers call the timed ones); ``above()`` wraps prescreen's
+    wrappers after. Summed over all wrappers, outer minus inner is prescreen's
+    exclusive time, nested wrappers included (the inner time of an outer
+    wrapper holds the whole of a nested one, outer and inner).
+    """
+
+    def __init__(self) -> None:
+        self.outer = dict.fromkeys(GUARDED, 0.0)
+        self.inner = dict.fromkeys(GUARDED, 0.0)
+
+    def _wrap(self, table: dict[str, float], kind: str) -> None:
+        import functools
+
+        cls, attr = _guarded_methods()[kind]
+        fn = cls.__dict__[attr]
+
+        @functools.wraps(fn)  # keeps the signature prescreen checks before it patches
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                table[kind] += time.perf_counter() - start
+
+        setattr(cls, attr, timed)
+
+    def below(self) -> None:
+        for kind in GUARDED:
+            self._wrap(self.inner, kind)
+
+    def above(self) -> None:
+        for kind, (cls, attr) in _guarded_methods().items():
+            if not hasattr(cls.__dict__[attr], "_prescreen_original_call"):
+                raise SystemExit(f"prescreen did not wrap {cls.__name__}.{attr}: no guard time to measure")
+            self._wrap(self.outer, kind)
+
+    def split(self) -> dict[str, float]:
+        """Seconds of prescreen's own time so far, per wrapper."""
+        return {k: self.outer[k] - self.inner[k] for k in GUARDED}
+
+
 def instrument(meter: Meter) -> None:
     """Wrap prescreen's guarded steps (outermost, so a retry is inside the window)."""
     from torch._inductor import scheduler
@@ -246,15 +311,12 @@ def instrument(meter: Meter) -> None:
     from prescreen.hooks import triton_autotune as rt
 
     def estimate(plans_fn: Callable[[], Any]) -> int | None:
-        start = time.perf_counter()
         try:
             plans = plans_fn()
             return max(decide(p, _BUDGET).estimated_bytes for p in (plans if isinstance(plans, list) else [plans]))
         except Exception as exc:  # a plan the guard cannot build is reported as such
             print(f"  (no estimate: {exc!r})")
             return None
-        finally:
-            meter.plan_seconds += time.perf_counter() - start
 
     inner_autotune = AlgorithmSelectorCache.autotune
 
@@ -309,7 +371,7 @@ def _nbytes(out: Any) -> int:
     return 0
 
 
-def run_case(name: str, meter: Meter) -> dict[str, Any]:
+def run_case(name: str, meter: Meter, clock: GuardClock) -> dict[str, Any]:
     from prescreen.service import COUNTERS
 
     torch._dynamo.reset()
@@ -337,7 +399,7 @@ def run_case(name: str, meter: Meter) -> dict[str, Any]:
     meter.steps = []
     largest_before = COUNTERS.largest_estimate
     COUNTERS.largest_estimate = 0
-    lookup_before, meter.plan_seconds = COUNTERS.seconds, 0.0
+    lookup_before, guard_before = COUNTERS.seconds, clock.split()
     start = time.perf_counter()
     row: dict[str, Any] = {"case": name}
     try:
@@ -355,12 +417,15 @@ def run_case(name: str, meter: Meter) -> dict[str, Any]:
         row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         traceback.print_exc()
         row["whole_peak"] = meter.peak() - base
-    row["seconds"] = round(time.perf_counter() - start, 1)
-    # the guard's own cost: its store lookups (timed inside prescreen) plus the plan building and
-    # deciding, which the meter repeats step by step outside the compile's timings
-    guard = COUNTERS.seconds - lookup_before + meter.plan_seconds
+    elapsed = time.perf_counter() - start
+    row["seconds"] = round(elapsed, 1)
+    # prescreen's own time in this case, exactly (GuardClock), split by wrapper; lookups are a part of it
+    split = {k: v - guard_before[k] for k, v in clock.split().items()}
+    guard = sum(split.values())
     row["guard_ms"] = round(guard * 1000, 2)
-    row["guard_share"] = f"{guard / max(time.perf_counter() - start, 1e-9):.4%}"
+    row["guard_ms_by_wrapper"] = {k: round(v * 1000, 3) for k, v in split.items()}
+    row["lookup_ms"] = round((COUNTERS.seconds - lookup_before) * 1000, 3)
+    row["guard_share"] = f"{guard / max(elapsed, 1e-9):.4%}"
     row["largest_lookup_estimate"] = COUNTERS.largest_estimate
     COUNTERS.largest_estimate = max(largest_before, COUNTERS.largest_estimate)
     row["steps"] = list(meter.steps)
@@ -402,7 +467,11 @@ def main() -> None:
     ic.fx_graph_cache = False
     ic.autotune_local_cache = False
     ic.autotune_remote_cache = False
+    clock = GuardClock()
+    _guarded_methods()  # imports the modules, so prescreen patches them at install
+    clock.below()
     prescreen.install(ratio=1.0)  # every decision is tune: the real benchmarks run
+    clock.above()
     _BUDGET = Budget.for_device(torch.device(dev, 0), None, 1.0)
     meter = Meter()
     instrument(meter)
@@ -414,7 +483,7 @@ def main() -> None:
     for name in args.cases.split(","):
         print(f"== {name}", flush=True)
         try:
-            row = run_case(name, meter)
+            row = run_case(name, meter, clock)
         except Exception as exc:
             traceback.print_exc()
             row = {"case": name, "ok": False, "error": repr(exc)[:200], "steps": [], "whole_peak": 0,
