@@ -232,23 +232,7 @@ def payload_text(plan: KernelPlan) -> str:
 HASH_MEMO_SIZE = 4096
 
 
-class _PlanKey:
-    """A plan as a dict key, its (recursive, uncached) dataclass hash computed once."""
-
-    __slots__ = ("plan", "hash")
-
-    def __init__(self, plan: KernelPlan) -> None:
-        self.plan = plan
-        self.hash = hash(plan)  # TypeError for a hand-built plan holding a list
-
-    def __hash__(self) -> int:
-        return self.hash
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _PlanKey) and (other.plan is self.plan or other.plan == self.plan)
-
-
-_by_value: collections.OrderedDict[_PlanKey, tuple[_PlanKey, tuple[str, str]]] = collections.OrderedDict()
+_by_text: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()  # plan text -> hashes
 _keys: dict[tuple[object, ...], tuple[str, "KeyParts"]] = {}
 _parts_by_key: dict[str, "KeyParts"] = {}  # the keys ``build_key`` made in this process
 _memo_lock = threading.Lock()
@@ -259,37 +243,29 @@ def plan_hashes(plan: KernelPlan) -> tuple[str, str]:
     """``(plan hash, family hash)`` of ``plan``, computed once per distinct plan in this process.
 
     The plan object remembers them (``KernelPlan.cache``), so the same object is
-    answered without hashing anything; an equal plan object is found in a bounded
-    LRU keyed by the (frozen, hashable) plan's value.
+    answered without writing or hashing anything; an equal plan object writes its
+    canonical text and finds the hashes in a bounded LRU keyed by that text (no
+    sha256, and no recursive hash of the plan's dataclasses, which costs more
+    than the sha256 it would save).
     """
     cache = plan.cache
     mine = cache.hashes
     if mine is not None and mine[0] == _generation:
         return mine[1]  # type: ignore[no-any-return]
     generation = _generation
-    try:
-        pkey = _PlanKey(plan)
-    except TypeError:  # not hashable: no memo
-        return _hash_plan(plan)
+    family, text = canonical_texts(plan)
     with _memo_lock:
-        hit = _by_value.get(pkey)
-        if hit is not None:
-            _by_value.move_to_end(hit[0])
-    if hit is not None:
-        hashes = hit[1]
-    else:
-        hashes = _hash_plan(plan)
+        hashes = _by_text.get(text)
+        if hashes is not None:
+            _by_text.move_to_end(text)
+    if hashes is None:
+        hashes = hashlib.sha256(text.encode()).hexdigest(), hashlib.sha256(family.encode()).hexdigest()
         with _memo_lock:
-            _by_value[pkey] = (pkey, hashes)
-            if len(_by_value) > HASH_MEMO_SIZE:
-                _by_value.popitem(last=False)
+            _by_text[text] = hashes
+            if len(_by_text) > HASH_MEMO_SIZE:
+                _by_text.popitem(last=False)
     cache.hashes = (generation, hashes, None, None)  # (generation, hashes, last budget, its (key, parts))
     return hashes
-
-
-def _hash_plan(plan: KernelPlan) -> tuple[str, str]:
-    family, text = canonical_texts(plan)  # one encoding serves both hashes
-    return hashlib.sha256(text.encode()).hexdigest(), hashlib.sha256(family.encode()).hexdigest()
 
 
 def forget_plan_hashes() -> None:
@@ -297,7 +273,7 @@ def forget_plan_hashes() -> None:
     global _generation
     with _memo_lock:
         _generation += 1
-        _by_value.clear()
+        _by_text.clear()
         _keys.clear()
         _parts_by_key.clear()
 

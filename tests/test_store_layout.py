@@ -18,7 +18,7 @@ from test_store_support import BUDGET, entry_fields, entry_text, make_entry, mak
 from prescreen import service
 from prescreen.cli import cli
 from prescreen.decision import decide, is_observed_oom
-from prescreen.key import SCHEMA_VERSION, _hash_plan, build_key, forget_plan_hashes, payload_text, plan_hashes
+from prescreen.key import SCHEMA_VERSION, build_key, family_hash, forget_plan_hashes, payload_text, plan_hashes
 from prescreen.plan import KernelPlan
 from prescreen.service import COUNTERS, lookup_or_decide, record_observed_oom
 from prescreen.store import DiskStore, export_bundle, import_bundle, verify_entry
@@ -184,7 +184,7 @@ def test_forget_drops_the_memo(tmp_path: Path) -> None:
 def test_plan_hashes_are_memoised_and_equal_a_fresh_hash() -> None:
     forget_plan_hashes()
     plan = make_plan(SEED, n_args=5)
-    assert plan_hashes(plan) == _hash_plan(plan) == plan_hashes(make_plan(SEED, n_args=5))
+    assert plan_hashes(plan) == (plan.plan_hash(), family_hash(plan)) == plan_hashes(make_plan(SEED, n_args=5))
     assert plan_hashes(plan)[0] == plan.plan_hash()
     renamed = dataclasses.replace(plan, kernel_name="other")  # not hashed: same key
     assert build_key(renamed, BUDGET) == build_key(plan, BUDGET)
@@ -253,10 +253,14 @@ def test_the_identity_fast_path_holds_no_plan_objects() -> None:
     forget_plan_hashes()
     plans = [make_plan(SEED) for _ in range(300)]
     for p in plans:
-        build_key(p, BUDGET)  # equal plans, new objects: one value entry; each object remembers its own key
+        build_key(p, BUDGET)  # equal plans, new objects: one text entry; each object remembers its own key
         assert p.cache.hashes is not None and p.cache.hashes[3] == build_key(plans[0], BUDGET)
-    assert len(key._by_value) == 1
+    assert len(key._by_text) == 1
     forget_plan_hashes()  # what plan objects remember from before a forget is not used
-    with mock.patch.object(key, "_hash_plan", wraps=key._hash_plan) as hashing:
+    with mock.patch.object(key, "canonical_texts", wraps=key.canonical_texts) as writing, \
+            mock.patch.object(key.hashlib, "sha256", wraps=key.hashlib.sha256) as hashing:
         build_key(plans[0], BUDGET)
-    assert hashing.call_count == 1
+        build_key(plans[1], BUDGET)  # an equal plan object: its text is written, not hashed
+        build_key(plans[1], BUDGET)  # the same object again: nothing is written
+    assert writing.call_count == 2
+    assert hashing.call_count == 3  # plan text, family text, key parts (once: the key is memoised)
