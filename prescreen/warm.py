@@ -310,7 +310,7 @@ def load_plans(path: str | Path) -> list[KernelPlan]:
             data = data["plans"]
         elif "entries" in data:
             data = [e.get("plan") if isinstance(e, Mapping) else e for e in data["entries"]]
-            # An entry keeps its plan as one JSON string field (store schema 2).
+            # A bundle entry keeps its plan as one JSON string field (its plan line in the store).
             try:
                 data = [json.loads(plan) if isinstance(plan, str) else plan for plan in data]
             except ValueError as exc:
