@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Union
 from prescreen.errors import NotBounded, Reason
 from prescreen.expr import Add, Axis, Const, Expr, FloorDiv, Mul, evaluate
 from prescreen.plan import KernelPlan, SizeArg, TensorArg, WorkspaceArg
-from prescreen.representatives import SINGLE, Group, GroupGrid, Representatives, RepsProgram
+from prescreen.representatives import SINGLE, STATIC, Group, GroupGrid, Representatives, RepsProgram
 
 if TYPE_CHECKING:  # numpy loads with the first large grid: reading a store never pays for it
     import numpy as np
@@ -919,7 +919,7 @@ class FootprintProgram:
     """
 
     __slots__ = ("reps_program", "varying", "const_bytes", "const_clone", "const_best", "shapes", "best_item",
-                 "best_arg", "names", "kinds", "dtypes", "has_args", "first_key")
+                 "best_arg", "names", "kinds", "dtypes", "has_args", "first_key", "line")
 
     def __init__(self, plan: KernelPlan, reps_program: RepsProgram) -> None:
         self.reps_program = reps_program
@@ -962,6 +962,274 @@ class FootprintProgram:
         self.names = [a.name for a in args]
         self.kinds = [a.kind for a in args]
         self.dtypes = [_canonical_dtype(a.dtype) for a in args]
+        features = reps_program.features
+        self.line: _Line | None = None
+        if len(features) == 1 and features[0][0] != STATIC:
+            self.line = _compile_line(self, distinct.new, weights, features[0], slots, constants)
+
+
+# --- The line path: one feature, expressions affine in its axis -----------------------------------
+#
+# The commonest small plans have one group feature, and every size, stride and
+# count is affine in the one axis it varies (``x``, ``x + 1``, ``3 * x``, a
+# constant). An argument's element count ``1 + sum((size - 1) * stride)`` is then
+# a polynomial of degree at most 2 in that axis, and so is each group's bytes
+# summed over the arguments. ``_compile_line`` works out, once per plan object,
+# those polynomials' coefficients from the plan's expressions alone (no bucket,
+# no axis value is looked at), the axis values where some size would be zero,
+# and the range where every size and stride is >= 0. Each call then takes the
+# axis column from the representatives it is given, checks it against that range
+# and those zeros, and computes every group's bytes from the column; the
+# dominant argument is the plain loop's (see ``_run_compiled``): a key's largest
+# element count and its first group follow from the column's extremes, as the
+# polynomial is convex or monotone there (a concave one is evaluated group by
+# group). A column outside the range or hitting a zero size leaves the call to
+# ``_run_compiled`` (and the general path), which gives the plain loop's result
+# or error.
+
+Affine = tuple[int, int]  # (a, b): a * x + b
+
+
+def _affine(expr: Expr, axis: str | None, constants: Mapping[str, int]) -> Affine | None:
+    """``expr`` as ``a * x + b`` over the feature's axis ``x``; None where it is not affine (or not covered)."""
+    kind = type(expr)
+    if kind is Const:
+        return 0, expr.value  # type: ignore[union-attr]
+    if kind is Axis:
+        name = expr.name  # type: ignore[union-attr]
+        if name == axis:
+            return 1, 0
+        value = constants.get(name)
+        return None if value is None else (0, value)
+    if kind is Add or kind is Mul:
+        add = kind is Add
+        a, b = 0, 0 if add else 1
+        for operand in expr.operands:  # type: ignore[union-attr]
+            part = _affine(operand, axis, constants)
+            if part is None:
+                return None
+            pa, pb = part
+            if add:
+                a, b = a + pa, b + pb
+            elif a and pa:
+                return None  # quadratic
+            else:
+                a, b = a * pb + b * pa, b * pb
+        return a, b
+    if kind is FloorDiv:
+        num = _affine(expr.numerator, axis, constants)  # type: ignore[union-attr]
+        den = _affine(expr.denominator, axis, constants)  # type: ignore[union-attr]
+        if num is None or den is None or num[0] or den[0] or den[1] == 0:
+            return None
+        return 0, num[1] // den[1]
+    return None
+
+
+Poly = tuple[int, int, int]  # (A, B, C): (A * x + B) * x + C
+
+
+class _Line:
+    """The line path's form of a plan (see above); made by ``_compile_line``."""
+
+    __slots__ = ("total", "clone", "keys", "parts", "lo", "hi", "zeros", "single", "rising")
+
+    def __init__(self) -> None:
+        self.total: Poly = (0, 0, 0)  # each group's bytes, the constant keys' included
+        self.clone: Poly | None = None  # the varying keys' mutated bytes (None: no varying key is mutated)
+        self.keys: list[tuple[int, int, int, int, int]] = []  # per varying key: (key, A, B, C, dominant item size)
+        self.parts: list[tuple[tuple[Affine, ...], tuple[Affine, ...]]] = []  # per key: its sizes and strides
+        self.lo: int | None = None  # every size and stride is >= 0 where lo <= x <= hi (None: no bound to check)
+        self.hi: int | None = None
+        self.zeros: frozenset[int] | None = None  # values of x where some size of a varying key is 0
+        self.single = 0  # the weight of the one varying key, where there is exactly one
+        #: every key's count rises with x (or is constant): x is never negative and no coefficient is
+        self.rising = False
+
+
+def _compile_line(
+    program: "FootprintProgram", new: list[TensorArg | WorkspaceArg], weights: list[int], feature: tuple[Any, ...],
+    slots: Mapping[str, int], constants: Mapping[str, int],
+) -> _Line | None:
+    """``program``'s plan on the line path, or None where it does not apply (``_run_compiled`` then runs)."""
+    kind, buckets, _names, axis, _factor, _pairs = feature
+    if axis not in slots:
+        axis = None  # an axis the plan does not name: no expression names it either (or there is no program)
+    # The least value the feature's column can take: a feature's buckets from 0 up, a solved axis (>= 1).
+    floor = (0 if buckets[0] >= 0 else None) if kind == SINGLE else 1
+    line = _Line()
+    polys: list[Poly] = []
+    lows: list[int] = []
+    highs: list[int] = []
+    zeros: set[int] = set()
+    for arg in new:
+        if isinstance(arg, WorkspaceArg):
+            count = _affine(arg.count, axis, constants)
+            if count is None:
+                return None
+            sizes: tuple[Affine, ...] = (count,)
+            strides: tuple[Affine, ...] = ((0, 1),)
+            polys.append((0, count[0], count[1]))
+        else:
+            size_parts = [_affine(e, axis, constants) for e in arg.size]
+            stride_parts = [_affine(e, axis, constants) for e in arg.stride]
+            if None in size_parts or None in stride_parts or len(size_parts) != len(stride_parts):
+                return None
+            sizes, strides = tuple(size_parts), tuple(stride_parts)  # type: ignore[arg-type]
+            if (0, 0) in sizes:  # no elements in any group
+                polys.append((0, 0, 0))
+            else:
+                big_a, big_b, big_c = 0, 0, 1
+                for (a, b), (c, d) in zip(sizes, strides):  # (a * x + b - 1) * (c * x + d)
+                    big_a += a * c
+                    big_b += a * d + (b - 1) * c
+                    big_c += (b - 1) * d
+                    if a and b % a == 0:
+                        zeros.add(-b // a)
+                polys.append((big_a, big_b, big_c))
+        for a, b in (*sizes, *strides):  # a * x + b >= 0
+            if a > 0:
+                lows.append(-(b // a))
+            elif a < 0:
+                highs.append(b // -a)
+            elif b < 0:
+                return None
+        line.parts.append((sizes, strides))
+    total_a, total_b, total_c = 0, 0, program.const_bytes
+    clone_a = clone_b = clone_c = 0
+    mutated = False
+    for k, _, w, c in program.varying:
+        big_a, big_b, big_c = polys[k]
+        total_a, total_b, total_c = total_a + w * big_a, total_b + w * big_b, total_c + w * big_c
+        if c:
+            mutated = True
+            clone_a, clone_b, clone_c = clone_a + c * big_a, clone_b + c * big_b, clone_c + c * big_c
+        line.keys.append((k, big_a, big_b, big_c, program.best_item[k]))
+    line.total = (total_a, total_b, total_c)
+    line.clone = (clone_a, clone_b, clone_c) if mutated else None
+    if len(line.keys) == 1:
+        line.single = weights[line.keys[0][0]]
+    lo = max(lows) if lows else None
+    line.lo = None if lo is None or (floor is not None and lo <= floor) else lo
+    line.hi = min(highs) if highs else None
+    least = lo if floor is None else floor if lo is None else max(lo, floor)
+    kept = frozenset(z for z in zeros if least is None or z >= least)
+    line.zeros = kept or None
+    line.rising = least is not None and least >= 0 and all(big_a >= 0 and big_b >= 0 for _, big_a, big_b, _, _ in line.keys)
+    return line
+
+
+def _top(poly: Poly, col: Sequence[int], low: int, high: int) -> tuple[int, int]:
+    """The largest value of ``poly`` over the column and the first index where it is reached."""
+    a, b, c = poly
+    if a < 0:  # concave: group by group
+        values = [(a * x + b) * x + c for x in col]
+        top = max(values)
+        return top, values.index(top)
+    if not a and not b:
+        return c, 0
+    # Convex or monotone: the largest value is at the least or the greatest x, and only there.
+    at_low, at_high = (a * low + b) * low + c, (a * high + b) * high + c
+    if at_low > at_high:
+        return at_low, col.index(low)
+    if at_high > at_low:
+        return at_high, col.index(high)
+    return at_low, min(col.index(low), col.index(high))
+
+
+def _run_line(program: "FootprintProgram", line: _Line, col: tuple[int, ...]) -> Footprint | None:
+    """The line path's footprint of the groups over ``col``; None to leave the call to ``_run_compiled``.
+
+    Written for a small call's fixed cost: plain loops (cheaper than comprehensions on a few groups) and the
+    result objects set through their slots right here.
+    """
+    lo, hi, zeros = line.lo, line.hi, line.zeros
+    if lo is not None and min(col) < lo or hi is not None and max(col) > hi:
+        return None  # some size or stride is negative in some group
+    if zeros is not None and not zeros.isdisjoint(col):
+        return None  # some size is zero in some group: its argument takes no bytes there
+    a, b, c = line.total
+    totals: list[int] = []
+    if a:
+        for x in col:
+            totals.append((a * x + b) * x + c)
+    else:
+        for x in col:
+            totals.append(b * x + c)
+    top = max(totals)
+    largest = totals.index(top)
+    synthetic = sum(totals)
+    peak_clone = program.const_clone
+    out = _FootprintBuilder()
+    if program.has_args:
+        # The plain loop's dominant argument: the largest bytes, first in group order, then argument order.
+        peak, key = program.const_best
+        at = 0
+        best_arg = program.best_arg
+        weight = line.single
+        if weight:  # one varying key: its element counts are the totals less the constant keys', over its weight
+            k, _, _, _, item = line.keys[0]
+            elements = (top - program.const_bytes) // weight
+            clone = program.varying[0][3]
+            if clone:
+                peak_clone += clone * elements
+            bytes_ = elements * item
+            if bytes_ > peak or bytes_ == peak and (largest == 0 and best_arg[k] < best_arg[key]):
+                peak, key, at = bytes_, k, largest
+        elif line.rising:  # every key's count is largest at the greatest x (and only there, unless constant)
+            high = max(col)
+            at_high = col.index(high)
+            if line.clone is not None:
+                big_a, big_b, big_c = line.clone
+                peak_clone += (big_a * high + big_b) * high + big_c
+            for k, big_a, big_b, big_c, item in line.keys:
+                bytes_ = ((big_a * high + big_b) * high + big_c) * item
+                first = at_high if big_a or big_b else 0
+                if bytes_ > peak:
+                    peak, key, at = bytes_, k, first
+                elif bytes_ == peak and (first < at or (first == at and best_arg[k] < best_arg[key])):
+                    key, at = k, first
+        else:  # some coefficient or some x below 0
+            low, high = min(col), max(col)
+            if line.clone is not None:
+                peak_clone += _top(line.clone, col, low, high)[0]
+            for k, big_a, big_b, big_c, item in line.keys:
+                elements, first = _top((big_a, big_b, big_c), col, low, high)
+                bytes_ = elements * item
+                if bytes_ > peak:
+                    peak, key, at = bytes_, k, first
+                elif bytes_ == peak and (first < at or (first == at and best_arg[k] < best_arg[key])):
+                    key, at = k, first
+        if peak == 0:  # every argument takes 0 bytes in every group: the first one, in the first group
+            arg_index, key, at = 0, program.first_key, 0
+        else:
+            arg_index = best_arg[key]
+        size_parts, stride_parts = line.parts[key]
+        x = col[at]
+        sizes: list[int] = []
+        for p, q in size_parts:
+            sizes.append(p * x + q)
+        strides: list[int] = []
+        for p, q in stride_parts:
+            strides.append(p * x + q)
+        dominant = _ArgBuilder()
+        dominant.group_id = at  # the group ids are 0, 1, ...: every group of one feature is reachable
+        dominant.name = program.names[arg_index]
+        dominant.kind = program.kinds[arg_index]
+        dominant.dtype = program.dtypes[arg_index]
+        dominant.size = tuple(sizes)
+        dominant.stride = tuple(strides)
+        dominant.num_bytes = peak
+        dominant.__class__ = ArgFootprint  # type: ignore[assignment]
+        out.dominant_arg = dominant  # type: ignore[assignment]
+    else:
+        out.dominant_arg = None
+    out.synthetic_bytes = synthetic
+    out.mutated_clone_bytes = peak_clone
+    out.total_bytes = synthetic + peak_clone
+    out.group_bytes = tuple(enumerate(totals))
+    out.largest_group_id = largest
+    out.__class__ = Footprint  # type: ignore[assignment]
+    return out  # type: ignore[return-value]
 
 
 _NOT_COMPILED = object()  # marks a plan the compiled path does not cover
@@ -983,9 +1251,34 @@ def footprint_program(reps_program: RepsProgram, plan: KernelPlan) -> FootprintP
     return program if program.__class__ is FootprintProgram else None
 
 
-_new = object.__new__
-_FOOTPRINT_SETTERS = tuple(Footprint.__dict__[f.name].__set__ for f in dataclasses.fields(Footprint))
-_ARG_SETTERS = tuple(ArgFootprint.__dict__[f.name].__set__ for f in dataclasses.fields(ArgFootprint))
+# The compiled paths' result objects are built as instances of these twins (same slots, in the same order,
+# not frozen) and then given the frozen class: setting slots of a plain class is a third of the cost of
+# going through the frozen dataclass's setters one by one, a large part of a small call.
+
+
+class _FootprintBuilder:
+    __slots__ = ("synthetic_bytes", "mutated_clone_bytes", "total_bytes", "group_bytes", "largest_group_id",
+                 "dominant_arg")
+    synthetic_bytes: int
+    mutated_clone_bytes: int
+    total_bytes: int
+    group_bytes: tuple[tuple[int, int], ...]
+    largest_group_id: int | None
+    dominant_arg: ArgFootprint | None
+
+
+class _ArgBuilder:
+    __slots__ = ("group_id", "name", "kind", "dtype", "size", "stride", "num_bytes")
+    group_id: int
+    name: str
+    kind: str
+    dtype: str
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    num_bytes: int
+
+
+assert _FootprintBuilder.__slots__ == Footprint.__slots__ and _ArgBuilder.__slots__ == ArgFootprint.__slots__
 
 
 def _footprint(
@@ -993,31 +1286,31 @@ def _footprint(
     dominant: ArgFootprint | None,
 ) -> Footprint:
     """``Footprint(...)`` without the frozen dataclass's per-field guard (the compiled path's last step)."""
-    out = _new(Footprint)
-    s0, s1, s2, s3, s4, s5 = _FOOTPRINT_SETTERS
-    s0(out, synthetic)
-    s1(out, clone)
-    s2(out, total)
-    s3(out, group_bytes)
-    s4(out, largest)
-    s5(out, dominant)
-    return out
+    out = _FootprintBuilder()
+    out.synthetic_bytes = synthetic
+    out.mutated_clone_bytes = clone
+    out.total_bytes = total
+    out.group_bytes = group_bytes
+    out.largest_group_id = largest
+    out.dominant_arg = dominant
+    out.__class__ = Footprint  # type: ignore[assignment]
+    return out  # type: ignore[return-value]
 
 
 def _arg_footprint(
     group_id: int, name: str, kind: str, dtype: str, size: tuple[int, ...], stride: tuple[int, ...], num_bytes: int
 ) -> ArgFootprint:
     """``ArgFootprint(...)`` without the frozen dataclass's per-field guard."""
-    out = _new(ArgFootprint)
-    s0, s1, s2, s3, s4, s5, s6 = _ARG_SETTERS
-    s0(out, group_id)
-    s1(out, name)
-    s2(out, kind)
-    s3(out, dtype)
-    s4(out, size)
-    s5(out, stride)
-    s6(out, num_bytes)
-    return out
+    out = _ArgBuilder()
+    out.group_id = group_id
+    out.name = name
+    out.kind = kind
+    out.dtype = dtype
+    out.size = size
+    out.stride = stride
+    out.num_bytes = num_bytes
+    out.__class__ = ArgFootprint  # type: ignore[assignment]
+    return out  # type: ignore[return-value]
 
 
 def _at(part: Compiled, cols: list[Any], index: int, seen: dict[object, list[int]]) -> int:
@@ -1121,12 +1414,17 @@ def estimate_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
         reps_prog = grid.program
         cache = plan._cache
         # Built by the compiled path for this very plan object (its compiled form is on the plan)?
-        if reps_prog is not None and grid._len <= _SMALL_GRID and cache is not None \
-                and cache.representatives is reps_prog:
+        if reps_prog is not None and cache is not None and cache.representatives is reps_prog \
+                and grid._len <= _SMALL_GRID:
             program = reps_prog.footprint
             if program is None:
                 program = footprint_program(reps_prog, plan)
             if program.__class__ is FootprintProgram:
+                line = program.line
+                if line is not None:
+                    found = _run_line(program, line, grid.picks[0])  # type: ignore[arg-type]
+                    if found is not None:
+                        return found
                 try:
                     return _run_compiled(program, grid)
                 except _Negative:

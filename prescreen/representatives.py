@@ -328,6 +328,7 @@ def _per_group(plan: KernelPlan, statics: dict[str, int]) -> Representatives:
 
 _SINGLE, _PRODUCT, _STATIC = 0, 1, 2
 SINGLE = _SINGLE  # a feature of one axis (or none): its column is its representatives, the buckets' bounds
+STATIC = _STATIC  # a product of static axes only: it reaches one bucket and varies no axis
 
 #: A compiled feature: (kind, buckets, axis names, the axis it varies or None, static factor, static axis values).
 FeatureSpec = tuple[int, tuple[int, ...], tuple[str, ...], Union[str, None], int, tuple[tuple[str, int], ...]]
@@ -448,12 +449,14 @@ def _compiled(program: RepsProgram) -> Representatives:
         last = buckets[-1]
         if kind == _SINGLE:  # a closed bucket is represented by its upper bound, the open one by 2 x its lower
             picks.append((*buckets, 2 * last))
+        elif kind == _PRODUCT and factor == 1 and buckets[0] > 0:  # solved for a factor of 1: the bounds
+            picks.append((*buckets, max(last + 1, 2 * last)))
         elif kind == _PRODUCT:  # the symbolic axis solved for (rounded up), at least 1
             picks.append((*[max(1, -(-upper // factor)) for upper in buckets],
                           max(1, -(-max(last + 1, 2 * last) // factor))))
         else:  # a product of static axes reaches the one bucket holding it
             picks.append(bisect.bisect_left(buckets, factor))
-    grid = GroupGrid.__new__(GroupGrid)
+    grid = _new(GroupGrid)
     grid._features = grid._groups = grid._ids = None
     grid.axis_names = program.axis_names
     grid.base_values = program.base_values
@@ -462,8 +465,12 @@ def _compiled(program: RepsProgram) -> Representatives:
     grid.program = program
     grid.picks = tuple(picks)
     count = program.group_count
-    if n == count:
-        return _representatives(count, grid, ())
+    if n == count:  # ``_representatives(count, grid, ())``, inline
+        out = _new(Representatives)
+        _set_count(out, count)
+        _set_groups(out, grid)
+        _set_unreachable(out, ())
+        return out
     reachable = set(grid.group_ids())
     return _representatives(count, grid, tuple([i for i in range(count) if i not in reachable]))
 
@@ -478,10 +485,15 @@ def build_representatives(plan: KernelPlan) -> Representatives:
     the one that loop meets first. The per-plan part of this is compiled once per
     plan object (``reps_program``).
     """
-    program = reps_program(plan)
-    if program is not None:
-        return _compiled(program)
-    return _general(plan)
+    cache = plan._cache
+    program = None if cache is None else cache.representatives
+    if program is None:
+        program = reps_program(plan)
+        if program is None:
+            return _general(plan)
+    elif program is _NO_PROGRAM:
+        return _general(plan)
+    return _compiled(program)
 
 
 def _general(plan: KernelPlan) -> Representatives:
