@@ -437,22 +437,20 @@ class DiskStore(Store):
             self._run(True, drop, None)
 
     def get(self, key: str) -> Entry | None:
-        entry = self._decode(key, self._read(key))
-        if entry is None:
-            self.misses += 1
-            return None
-        self.hits += 1
-        stored = self._stored_hits(key)
-        return entry.with_hits(stored + self._count_hit(key))
+        entry, pending = self._hit(key)
+        return None if entry is None else entry.with_hits(self._stored_hits(key) + pending)
 
     def lookup(self, key: str) -> Entry | None:
+        return self._hit(key)[0]
+
+    def _hit(self, key: str) -> tuple[Entry | None, int]:
+        """The valid entry under ``key`` (its hit buffered, see ``_count_hit``) and its hits not yet written."""
         entry = self._decode(key, self._read(key))
         if entry is None:
             self.misses += 1
-            return None
+            return None, 0
         self.hits += 1
-        self._count_hit(key)
-        return entry
+        return entry, self._count_hit(key)
 
     def _count_hit(self, key: str) -> int:
         """Buffer one hit of ``key`` (flushed every ``HIT_FLUSH_SECONDS``); returns its hits not yet written."""
