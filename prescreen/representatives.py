@@ -338,7 +338,7 @@ class RepsProgram:
     """A plan's features, compiled: per feature ``(kind, buckets, axis names, axis, factor, statics)``."""
 
     __slots__ = ("features", "axis_names", "base_values", "varying_axes", "group_count", "footprint", "shape",
-                 "reachable_count")
+                 "reachable_count", "bounds")
 
     def __init__(
         self,
@@ -357,6 +357,14 @@ class RepsProgram:
         self.reachable_count = math.prod(self.shape)
         #: the estimator's compiled form of the same plan object's arguments (``prescreen.footprint``)
         self.footprint: object = None
+        #: one feature whose representatives are its buckets' bounds (a single axis, or a product of factor 1
+        #: over buckets from 1 up) and the last one's factor: its buckets, and 2 (their open bucket's value
+        #: is twice their last bound); None otherwise
+        self.bounds: tuple[int, ...] | None = None
+        if len(features) == 1:
+            kind, buckets, _, _, factor, _ = features[0]
+            if kind == _SINGLE or kind == _PRODUCT and factor == 1 and buckets[0] > 0:
+                self.bounds = buckets  # (a product's: max(last + 1, 2 * last) is 2 * last for last >= 1)
 
 
 _NO_PROGRAM = RepsProgram((), (), {})  # marks a plan the compiled path does not cover
@@ -410,18 +418,27 @@ def reps_program(plan: KernelPlan) -> RepsProgram | None:
 
 
 _new = object.__new__
-_set_count, _set_groups, _set_unreachable = (
-    Representatives.__dict__[name].__set__ for name in ("group_count", "groups", "unreachable_group_ids")
-)
+class _RepsBuilder:
+    """``Representatives``' twin (same slots, in the same order, not frozen): built as one, then given the frozen
+    class, it costs a third of the frozen dataclass's setters one by one."""
+
+    __slots__ = ("group_count", "groups", "unreachable_group_ids")
+    group_count: int
+    groups: GroupGrid
+    unreachable_group_ids: tuple[int, ...]
+
+
+assert _RepsBuilder.__slots__ == Representatives.__slots__
 
 
 def _representatives(count: int, groups: GroupGrid, unreachable: tuple[int, ...]) -> Representatives:
     """``Representatives(count, groups, unreachable)`` without the frozen dataclass's per-field guard."""
-    out = _new(Representatives)
-    _set_count(out, count)
-    _set_groups(out, groups)
-    _set_unreachable(out, unreachable)
-    return out
+    out = _RepsBuilder()
+    out.group_count = count
+    out.groups = groups
+    out.unreachable_group_ids = unreachable
+    out.__class__ = Representatives  # type: ignore[assignment]
+    return out  # type: ignore[return-value]
 
 
 def _choices(
@@ -444,33 +461,36 @@ def _choices(
 
 def _compiled(program: RepsProgram) -> Representatives:
     """The representatives of every bucket of every feature, as a grid (see ``GroupGrid.picks``)."""
-    picks: list[tuple[int, ...] | int] = []
-    for kind, buckets, _names, _axis, factor, _pairs in program.features:
-        last = buckets[-1]
-        if kind == _SINGLE:  # a closed bucket is represented by its upper bound, the open one by 2 x its lower
-            picks.append((*buckets, 2 * last))
-        elif kind == _PRODUCT and factor == 1 and buckets[0] > 0:  # solved for a factor of 1: the bounds
-            picks.append((*buckets, max(last + 1, 2 * last)))
-        elif kind == _PRODUCT:  # the symbolic axis solved for (rounded up), at least 1
-            picks.append((*[max(1, -(-upper // factor)) for upper in buckets],
-                          max(1, -(-max(last + 1, 2 * last) // factor))))
-        else:  # a product of static axes reaches the one bucket holding it
-            picks.append(bisect.bisect_left(buckets, factor))
     grid = _new(GroupGrid)
+    bounds = program.bounds
+    if bounds is not None:  # one feature: a closed bucket is represented by its upper bound, the open one by
+        grid.picks = ((*bounds, 2 * bounds[-1]),)  # 2 x its lower (a product of factor 1 solves to the same)
+    else:
+        picks: list[tuple[int, ...] | int] = []
+        for kind, buckets, _names, _axis, factor, _pairs in program.features:
+            last = buckets[-1]
+            if kind == _SINGLE:  # a closed bucket: its upper bound; the open one: 2 x its lower
+                picks.append((*buckets, 2 * last))
+            elif kind == _PRODUCT:  # the symbolic axis solved for (rounded up), at least 1
+                picks.append((*[max(1, -(-upper // factor)) for upper in buckets],
+                              max(1, -(-max(last + 1, 2 * last) // factor))))
+            else:  # a product of static axes reaches the one bucket holding it
+                picks.append(bisect.bisect_left(buckets, factor))
+        grid.picks = tuple(picks)
     grid._features = grid._groups = grid._ids = None
     grid.axis_names = program.axis_names
     grid.base_values = program.base_values
     grid.shape = program.shape
     grid._len = n = program.reachable_count
     grid.program = program
-    grid.picks = tuple(picks)
     count = program.group_count
-    if n == count:  # ``_representatives(count, grid, ())``, inline
-        out = _new(Representatives)
-        _set_count(out, count)
-        _set_groups(out, grid)
-        _set_unreachable(out, ())
-        return out
+    if n == count:  # ``Representatives(count, grid, ())`` (see ``_RepsBuilder``)
+        out = _RepsBuilder()
+        out.group_count = count
+        out.groups = grid
+        out.unreachable_group_ids = ()
+        out.__class__ = Representatives  # type: ignore[assignment]
+        return out  # type: ignore[return-value]
     reachable = set(grid.group_ids())
     return _representatives(count, grid, tuple([i for i in range(count) if i not in reachable]))
 

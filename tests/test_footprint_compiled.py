@@ -351,3 +351,28 @@ def test_the_line_path_over_a_feature_axis_the_plan_does_not_name() -> None:
         got = estimate_footprint(plan, reps)
     assert took_line(line) and not spy.called
     assert got == reference_footprint(plan, reps)
+
+
+def test_result_objects_of_the_compiled_paths_are_the_frozen_classes() -> None:
+    """Built as slotted twins and given the frozen class: the same type, frozen, hashable, picklable, equal."""
+    x0, x1 = Axis("x0"), Axis("x1")
+    one = KernelPlan((GroupFeature("f", "axis", ("x0",), (2, 4)),), ("x0",), (),
+                     (TensorArg("t", "buffer", (x0,), (Const(1),), "torch.int16", "npu:0"),), ("t",))
+    two = KernelPlan((GroupFeature("f", "axis", ("x0",), (2, 4)), GroupFeature("g", "axis", ("x1",), (3,))),
+                     ("x0", "x1"), (), (TensorArg("t", "buffer", (x0, x1), (x1, Const(1)), "torch.int16", "npu:0"),))
+    for plan in (one, two):
+        reps = build_representatives(plan)
+        assert type(reps) is Representatives
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            reps.group_count = 0  # type: ignore[misc]
+        with compiled_spies() as (line, spy):
+            got = estimate_footprint(plan, reps)
+        assert took_line(line) == (plan is one) and spy.called == (plan is two)
+        expected = reference_footprint(plan, reps)
+        assert type(got) is footprint.Footprint and type(got.dominant_arg) is footprint.ArgFootprint
+        assert got == expected and hash(got) == hash(expected) and repr(got) == repr(expected)
+        assert pickle.loads(pickle.dumps(got)) == expected
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            got.total_bytes = 0  # type: ignore[misc]
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            got.dominant_arg.num_bytes = 0  # type: ignore[misc, union-attr]
