@@ -963,9 +963,11 @@ class FootprintProgram:
         self.kinds = [a.kind for a in args]
         self.dtypes = [_canonical_dtype(a.dtype) for a in args]
         features = reps_program.features
-        self.line: _Line | None = None
+        #: the line path's form (see ``_compile_line``), or None where it does not apply; until the plan
+        #: object's second estimate, what compiling it takes (a plan estimated once does not pay for it)
+        self.line: _Line | tuple[Any, ...] | None = None
         if len(features) == 1 and features[0][0] != STATIC:
-            self.line = _compile_line(self, distinct.new, weights, features[0], slots, constants)
+            self.line = (self, distinct.new, weights, features[0], slots, constants)
 
 
 # --- The line path: one feature, expressions affine in its axis -----------------------------------
@@ -1419,12 +1421,16 @@ def estimate_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
             program = reps_prog.footprint
             if program is None:
                 program = footprint_program(reps_prog, plan)
-            if program.__class__ is FootprintProgram:
+            elif program.__class__ is FootprintProgram:
                 line = program.line
                 if line is not None:
-                    found = _run_line(program, line, grid.picks[0])  # type: ignore[arg-type]
-                    if found is not None:
-                        return found
+                    if line.__class__ is tuple:  # the plan object's second estimate: compile the line form now
+                        line = program.line = _compile_line(*line)
+                    if line is not None:
+                        found = _run_line(program, line, grid.picks[0])  # type: ignore[arg-type]
+                        if found is not None:
+                            return found
+            if program.__class__ is FootprintProgram:
                 try:
                     return _run_compiled(program, grid)
                 except _Negative:

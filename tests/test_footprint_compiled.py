@@ -53,6 +53,14 @@ def compiled_spies() -> Iterator[tuple[list[object], mock.MagicMock]]:
         yield results, spy
 
 
+def first_estimate(plan: KernelPlan, reps: Representatives) -> object:
+    """The plan object's first estimate: the compiled path, which leaves the line form to compile on the second."""
+    with compiled_spies() as (line, _):
+        got = outcome(estimate_footprint, plan, reps)
+    assert not line
+    return got
+
+
 def took_line(results: list[object]) -> bool:
     """True when the line path gave the result (it gives None to leave a call to ``_run_compiled``)."""
     return any(r is not None for r in results)
@@ -268,6 +276,7 @@ def test_the_line_path_gives_the_plain_loops_result(plan: KernelPlan) -> None:
     plain loop's, and the line path gives it wherever its checks pass."""
     reps = build_representatives(plan)
     expected = outcome(reference_footprint, plan, reps)
+    assert first_estimate(plan, reps) == expected
     with compiled_spies() as (line, spy):
         got = outcome(estimate_footprint, plan, reps)
     assert got == expected
@@ -309,6 +318,7 @@ def test_one_feature_bench_plans_take_the_line_path(shape: tuple[int, int]) -> N
     bench = make_plan(n_args, 1, n_buckets)
     for plan in (bench, KernelPlan.from_payload(upstream_meta()), dense):
         reps = build_representatives(plan)
+        first_estimate(plan, reps)
         with compiled_spies() as (line, spy):
             got = estimate_footprint(plan, reps)
         assert got == reference_footprint(plan, reps)
@@ -330,6 +340,7 @@ def test_the_line_path_declines_zero_sizes_and_negative_ranges(size: object, buc
          TensorArg("u", "buffer", (Axis("x0"),), (Const(1),), "torch.int16", "npu:0")),
     )
     reps = build_representatives(plan)
+    first_estimate(plan, reps)
     program = footprint.footprint_program(plan.cache.representatives, plan)
     assert program is not None and program.line is not None
     with compiled_spies() as (line, spy):
@@ -347,6 +358,7 @@ def test_the_line_path_over_a_feature_axis_the_plan_does_not_name() -> None:
         ("t",),
     )
     reps = build_representatives(plan)
+    first_estimate(plan, reps)
     with compiled_spies() as (line, spy):
         got = estimate_footprint(plan, reps)
     assert took_line(line) and not spy.called
@@ -365,6 +377,7 @@ def test_result_objects_of_the_compiled_paths_are_the_frozen_classes() -> None:
         assert type(reps) is Representatives
         with pytest.raises(dataclasses.FrozenInstanceError):
             reps.group_count = 0  # type: ignore[misc]
+        first_estimate(plan, reps)
         with compiled_spies() as (line, spy):
             got = estimate_footprint(plan, reps)
         assert took_line(line) == (plan is one) and spy.called == (plan is two)
@@ -376,3 +389,26 @@ def test_result_objects_of_the_compiled_paths_are_the_frozen_classes() -> None:
             got.total_bytes = 0  # type: ignore[misc]
         with pytest.raises(dataclasses.FrozenInstanceError):
             got.dominant_arg.num_bytes = 0  # type: ignore[misc, union-attr]
+
+
+def test_the_line_form_is_compiled_on_a_plan_objects_second_estimate() -> None:
+    """A plan object estimated once does not pay for the line form: its first estimate takes the compiled
+    path and keeps what compiling the line form needs; the second compiles it and takes the line path; an
+    equal plan object starts over."""
+    x0 = Axis("x0")
+    plan = KernelPlan((GroupFeature("f", "axis", ("x0",), (2, 4, 8)),), ("x0",), (),
+                      (TensorArg("t", "buffer", (x0, Add((x0, Const(1)))), (Add((x0, Const(1))), Const(1)),
+                                 "torch.float16", "npu:0"),), ("t",))
+    reps = build_representatives(plan)
+    expected = reference_footprint(plan, reps)
+    assert first_estimate(plan, reps) == expected
+    program = footprint.footprint_program(plan.cache.representatives, plan)
+    assert program is not None and isinstance(program.line, tuple)
+    for _ in range(2):
+        reps = build_representatives(plan)
+        with compiled_spies() as (line, spy):
+            assert estimate_footprint(plan, reps) == expected
+        assert took_line(line) and not spy.called
+        assert isinstance(program.line, footprint._Line)
+    twin = dataclasses.replace(plan)
+    assert first_estimate(twin, build_representatives(twin)) == expected
