@@ -1043,7 +1043,8 @@ class _Line:
         self.lo: int | None = None  # every size and stride is >= 0 where lo <= x <= hi (None: no bound to check)
         self.hi: int | None = None
         self.zeros: frozenset[int] | None = None  # values of x where some size of a varying key is 0
-        self.single = 0  # the weight of the one varying key, where there is exactly one
+        #: the one varying key, where there is exactly one: (key, weight, dominant item size, clone weight)
+        self.single: tuple[int, int, int, int] | None = None
         #: every key's count rises with x (or is constant): x is never negative and no coefficient is
         self.rising = False
 
@@ -1053,11 +1054,12 @@ def _compile_line(
     slots: Mapping[str, int], constants: Mapping[str, int],
 ) -> _Line | None:
     """``program``'s plan on the line path, or None where it does not apply (``_run_compiled`` then runs)."""
-    kind, buckets, _names, axis, _factor, _pairs = feature
+    kind, buckets, _names, axis, factor, _pairs = feature
     if axis not in slots:
         axis = None  # an axis the plan does not name: no expression names it either (or there is no program)
-    # The least value the feature's column can take: a feature's buckets from 0 up, a solved axis (>= 1).
-    floor = (0 if buckets[0] >= 0 else None) if kind == SINGLE else 1
+    # The least value the feature's column can take (``build_representatives``: the buckets' bounds and twice
+    # the last one; a product's symbolic axis solved for each, rounded up, at least 1; the factor is >= 1).
+    floor = min(buckets[0], 2 * buckets[-1]) if kind == SINGLE else max(1, -(-buckets[0] // factor))
     line = _Line()
     polys: list[Poly] = []
     lows: list[int] = []
@@ -1109,14 +1111,14 @@ def _compile_line(
     line.total = (total_a, total_b, total_c)
     line.clone = (clone_a, clone_b, clone_c) if mutated else None
     if len(line.keys) == 1:
-        line.single = weights[line.keys[0][0]]
+        k, _, _, _, item = line.keys[0]
+        line.single = (k, weights[k], item, program.varying[0][3])
     lo = max(lows) if lows else None
-    line.lo = None if lo is None or (floor is not None and lo <= floor) else lo
+    line.lo = None if lo is None or lo <= floor else lo
     line.hi = min(highs) if highs else None
-    least = lo if floor is None else floor if lo is None else max(lo, floor)
-    kept = frozenset(z for z in zeros if least is None or z >= least)
-    line.zeros = kept or None
-    line.rising = least is not None and least >= 0 and all(big_a >= 0 and big_b >= 0 for _, big_a, big_b, _, _ in line.keys)
+    least = floor if lo is None else max(lo, floor)
+    line.zeros = frozenset(z for z in zeros if z >= least) or None
+    line.rising = least >= 0 and all(big_a >= 0 and big_b >= 0 for _, big_a, big_b, _, _ in line.keys)
     return line
 
 
@@ -1167,11 +1169,10 @@ def _run_line(program: "FootprintProgram", line: _Line, col: tuple[int, ...]) ->
         peak, key = program.const_best
         at = 0
         best_arg = program.best_arg
-        weight = line.single
-        if weight:  # one varying key: its element counts are the totals less the constant keys', over its weight
-            k, _, _, _, item = line.keys[0]
+        single = line.single
+        if single is not None:  # one varying key: its counts are the totals less the constant keys', over its weight
+            k, weight, item, clone = single
             elements = (top - program.const_bytes) // weight
-            clone = program.varying[0][3]
             if clone:
                 peak_clone += clone * elements
             bytes_ = elements * item

@@ -513,7 +513,24 @@ def build_representatives(plan: KernelPlan) -> Representatives:
             return _general(plan)
     elif program is _NO_PROGRAM:
         return _general(plan)
-    return _compiled(program)
+    bounds = program.bounds
+    if bounds is None:
+        return _compiled(program)
+    # ``_compiled`` for one feature whose representatives are its bounds, inline (the commonest small plans)
+    grid = _new(GroupGrid)
+    grid.picks = ((*bounds, 2 * bounds[-1]),)
+    grid._features = grid._groups = grid._ids = None
+    grid.axis_names = program.axis_names
+    grid.base_values = program.base_values
+    grid.shape = program.shape
+    grid._len = program.reachable_count
+    grid.program = program
+    out = _RepsBuilder()  # every group of one feature is reachable
+    out.group_count = program.group_count
+    out.groups = grid
+    out.unreachable_group_ids = ()
+    out.__class__ = Representatives  # type: ignore[assignment]
+    return out  # type: ignore[return-value]
 
 
 def _general(plan: KernelPlan) -> Representatives:
