@@ -48,6 +48,16 @@ def test_non_ascii_names_and_odd_values_give_the_same_text() -> None:
     # A value the direct writer does not cover (a bool where an int belongs) takes json's own path.
     boolish = dataclasses.replace(plan, axis_static_values=(("x0", True),))
     assert canonical_texts(boolish) == slow_texts(boolish)
+    # Strings go through json's own encoder: a str subclass is a string, anything else (an int name, a None
+    # device) is left to json's general path, which writes it as it is.
+
+    class Name(str):
+        pass
+
+    for value in (Name("in_ptr0"), 7, None):
+        arg = dataclasses.replace(plan.args[0], name=value, device=value)  # type: ignore[arg-type]
+        odd_arg = dataclasses.replace(plan, args=(arg, *plan.args[1:]), mutated_arg_names=(value,))  # type: ignore[arg-type]
+        assert canonical_texts(odd_arg) == slow_texts(odd_arg)
 
 
 @settings(max_examples=300, deadline=None)
