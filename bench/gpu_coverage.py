@@ -293,7 +293,7 @@ class GuardClock:
     def above(self) -> None:
         """Wrap each of prescreen's wrappers; a method prescreen left alone (no Triton) is not counted."""
         for kind, (cls, attr) in _guarded_methods().items():
-            if hasattr(cls.__dict__[attr], "_prescreen_original_call"):
+            if any(name.startswith("_prescreen_original") for name in vars(cls.__dict__[attr])):
                 self._wrap(self.outer, kind)
                 self.wrapped.append(kind)
             else:
@@ -302,6 +302,25 @@ class GuardClock:
     def split(self) -> dict[str, float]:
         """Seconds of prescreen's own time so far, per wrapper."""
         return {k: self.outer[k] - self.inner[k] for k in self.wrapped}
+
+
+def trace_lookups() -> None:
+    """With ``--trace-lookups``: one line per lookup that reads the store or decides (plan, groups, hit, ms)."""
+    from prescreen import service
+
+    inner = service._lookup_or_decide
+
+    def traced(plan: Any, budget: Any, store: Any, write: bool) -> Any:
+        start = time.perf_counter()
+        out = inner(plan, budget, store, write)
+        groups = 1
+        for feature in plan.group_features:
+            groups *= len(feature.buckets) + 1
+        print(f"  lookup {plan.kernel_name[:40]:40s} features {len(plan.group_features)} groups <= {groups} "
+              f"args {len(plan.args)} hit {out.hit} {1e3 * (time.perf_counter() - start):.2f} ms", flush=True)
+        return out
+
+    service._lookup_or_decide = traced
 
 
 def instrument(meter: Meter) -> None:
@@ -462,6 +481,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--json", default=None)
+    ap.add_argument("--trace-lookups", action="store_true", help="print every lookup that reads the store or decides")
     args = ap.parse_args()
     import torch._inductor.config as ic
 
@@ -476,6 +496,8 @@ def main() -> None:
     clock.below()
     prescreen.install(ratio=1.0)  # every decision is tune: the real benchmarks run
     clock.above()
+    if args.trace_lookups:
+        trace_lookups()
     _BUDGET = Budget.for_device(torch.device(dev, 0), None, 1.0)
     meter = Meter()
     instrument(meter)
