@@ -31,9 +31,9 @@ class ArgFootprint:
     num_bytes: int
 
     def to_payload(self) -> dict[str, object]:
-        d = dataclasses.asdict(self)
-        d["size"], d["stride"] = list(self.size), list(self.stride)
-        return d
+        # Not dataclasses.asdict: it deep-copies every field, a quarter of a store write's own time.
+        return {"group_id": self.group_id, "name": self.name, "kind": self.kind, "dtype": self.dtype,
+                "size": list(self.size), "stride": list(self.stride), "num_bytes": self.num_bytes}
 
     @staticmethod
     def from_payload(d: object) -> "ArgFootprint":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 
@@ -14,6 +15,7 @@ from strategies import PlanCase, plan_cases, upstream_meta
 from prescreen.budget import Budget
 from prescreen.decision import ESTIMATOR_VERSION, Decision, decide, decide_with, try_representatives
 from prescreen.errors import NotBounded, Reason
+from prescreen.footprint import ArgFootprint
 from prescreen.plan import KernelPlan
 
 UPSTREAM_TOTAL = 560
@@ -189,3 +191,11 @@ def test_budget_bytes_recomputed_from_float_ratio() -> None:
     payload = json.loads(json.dumps(d.to_payload()))
     assert payload["budget_bytes"] == math.floor((10**12 + 7) * 0.3)
     assert Decision.from_payload(payload) == d
+
+
+def test_arg_footprint_payload_is_asdict_with_lists_and_round_trips() -> None:
+    arg = ArgFootprint(3, "in_ptr0", "tensor", "torch.float16", (4, 5), (5, 1), 40)
+    payload = arg.to_payload()
+    assert payload == {**dataclasses.asdict(arg), "size": [4, 5], "stride": [5, 1]}
+    assert list(payload) == [f.name for f in dataclasses.fields(ArgFootprint)]
+    assert ArgFootprint.from_payload(payload) == arg
