@@ -43,9 +43,11 @@ def child(batch: int, device_memory: str, ratio: float) -> None:
     import torch
     import torch._inductor.config as ic
 
-    sys.path.insert(0, str(ROOT))
+    # The examples folder only: the repository root would shadow the installed prescreen (it lacks prescreen.hooks).
+    sys.path.insert(0, str(ROOT / "examples"))
+    from tiny_models import mlp
+
     import prescreen
-    from examples.tiny_models import mlp
     from prescreen.decision import decide_with, try_representatives
     from prescreen.families import BUCKETS_ENV
     from prescreen.hooks import select_algorithm, state
