@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import threading
 from collections.abc import Callable
 from importlib import metadata
@@ -23,7 +24,9 @@ SCHEMA_VERSION = 3  # 2: the plan is one JSON string field of the entry; 3: the 
 @functools.cache
 def library_versions() -> tuple[tuple[str, str], ...]:
     """Versions of the libraries whose behaviour a decision depends on ("absent" where not installed)."""
-    return tuple((dist, _version(dist)) for dist in ("torch", "torch_npu", "triton", "triton-ascend"))
+    found = tuple((dist, _version(dist)) for dist in ("torch", "torch_npu", "triton", "triton-ascend"))
+    _versions_texts[found] = canonical_json(dict(found))
+    return found
 
 
 def _version(dist: str) -> str:
@@ -67,7 +70,35 @@ class KeyParts:
         return d
 
     def digest(self) -> str:
-        return hashlib.sha256(canonical_json(self.to_payload()).encode()).hexdigest()
+        return hashlib.sha256(self.text().encode()).hexdigest()
+
+    def text(self) -> str:
+        """``canonical_json(self.to_payload())``, written directly where every field has its usual type."""
+        try:
+            ratio_text = _number_text[self.ratio.__class__]
+            versions_text = _versions_texts[self.versions]
+            if (self.total_memory.__class__ is not int or self.schema_version.__class__ is not int
+                    or self.estimator_version.__class__ is not int):
+                raise ValueError("not an int")
+            return (f'{{"device_kind":{_quote(self.device_kind)},"estimator_version":{_int_text(self.estimator_version)},'
+                    f'"family_hash":{_quote(self.family_hash)},"plan_hash":{_quote(self.plan_hash)},'
+                    f'"ratio":{ratio_text(self.ratio)},"schema_version":{_int_text(self.schema_version)},'
+                    f'"total_memory":{_int_text(self.total_memory)},"versions":{versions_text}}}')
+        except (KeyError, TypeError, ValueError):  # a field of another type (json writes it), an int too long to write
+            return canonical_json(self.to_payload())
+
+
+def _finite_repr(value: float) -> str:
+    """What json writes for a float: its repr when finite (json writes NaN and Infinity otherwise)."""
+    if value != value or value in (math.inf, -math.inf):
+        raise ValueError("not a finite float")
+    return float.__repr__(value)
+
+
+# KeyParts.text: how json writes a ratio of each usual type, and the versions' text (all but one
+# process's keys hold ``library_versions()``; any other versions take the general path).
+_number_text: dict[type, Callable[[object], str]] = {int: int.__repr__, float: _finite_repr}  # type: ignore[dict-item]
+_versions_texts: dict[object, str] = {}
 
 
 _FAMILY_FIELDS = ("group_features", "axis_names", "axis_static_values")
@@ -104,6 +135,13 @@ def family_hash(plan: KernelPlan) -> str:
 # through json's own C encoder and exact ints through ``int.__repr__`` as json does. A
 # value of any other type (a hand-built plan holding a bool or a list) leaves it to the
 # general path. The family text is the plan text's first three fields.
+#
+# The expressions are most of the work (a 16-argument plan has ~130 nodes). Buffers of one
+# shape are common, but finding them costs more than writing them: a frozen dataclass's
+# ``__hash__`` and ``__eq__`` are Python functions, recursive over the tree. So each node is
+# written, with no memo of whole shapes; the text of a leaf (an axis by its name, a constant
+# by its value: both hash in C) comes from a small process-wide table instead, and an axis
+# among a tuple's items or a product's operands is written without a call.
 
 _quote = json.encoder.encode_basestring_ascii
 _int_text = int.__repr__
@@ -124,16 +162,53 @@ def _i(value: object) -> str:
     return _int_text(value)
 
 
+#: How many leaf texts (axis names, constants) the tables below keep before they start over.
+LEAF_MEMO_SIZE = 1024
+
+
+class _AxisTexts(dict[str, str]):
+    """Axis name -> ``{"axis_name":NAME}``.
+
+    Only strings get in (json's encoder raises TypeError for anything else, and the caller then
+    takes the general path); a str subclass finds the text of the equal str, which is its own.
+    """
+
+    def __missing__(self, name: str) -> str:
+        text = '{"axis_name":' + _quote(name) + "}"
+        if len(self) >= LEAF_MEMO_SIZE:
+            self.clear()
+        self[name] = text
+        return text
+
+
+class _ConstTexts(dict[int, str]):
+    """Exact ``int`` constant -> ``{"const":VALUE}`` (callers look up exact ints only: ``True == 1``)."""
+
+    def __missing__(self, value: int) -> str:
+        text = '{"const":' + _int_text(value) + "}"
+        if len(self) >= LEAF_MEMO_SIZE:
+            self.clear()
+        self[value] = text
+        return text
+
+
+_axis_texts = _AxisTexts()
+_const_texts = _ConstTexts()
+
+
 def _expr_text(expr: Expr) -> str:
     kind = expr.__class__
     if kind is Axis:
-        return '{"axis_name":' + _s(expr.name) + "}"  # type: ignore[union-attr]
+        return _axis_texts[expr.name]  # type: ignore[union-attr]
     if kind is Const:
-        return '{"const":' + _i(expr.value) + "}"  # type: ignore[union-attr]
+        value = expr.value  # type: ignore[union-attr]
+        if value.__class__ is not int:
+            raise _Other
+        return _const_texts[value]
     if kind is Mul:
-        return '{"mul":[' + ",".join([_expr_text(e) for e in expr.operands]) + "]}"  # type: ignore[union-attr]
+        return '{"mul":[' + _exprs_text(expr.operands) + "]}"  # type: ignore[union-attr]
     if kind is Add:
-        return '{"add":[' + ",".join([_expr_text(e) for e in expr.operands]) + "]}"  # type: ignore[union-attr]
+        return '{"add":[' + _exprs_text(expr.operands) + "]}"  # type: ignore[union-attr]
     if kind is FloorDiv:
         return ('{"floordiv":[' + _expr_text(expr.numerator) + ","  # type: ignore[union-attr]
                 + _expr_text(expr.denominator) + "]}")  # type: ignore[union-attr]
@@ -143,33 +218,34 @@ def _expr_text(expr: Expr) -> str:
 
 
 def _exprs_text(exprs: tuple[Expr, ...]) -> str:
-    return "[" + ",".join([_expr_text(e) for e in exprs]) + "]"
+    """The items of a JSON list of expressions, comma-separated (no brackets)."""
+    axis_texts = _axis_texts
+    out = []
+    for e in exprs:  # a loop, not a comprehension: in Python 3.11 that is one call more
+        out.append(axis_texts[e.name] if e.__class__ is Axis else _expr_text(e))
+    return ",".join(out)
 
 
-def _arg_text(arg: object, shapes: dict[object, tuple[str, str]]) -> str:
+def _arg_text(arg: object) -> str:
     kind = arg.__class__
     if kind is TensorArg:
         a: TensorArg = arg  # type: ignore[assignment]
-        if a.source not in ("buffer", "constant"):
+        source = a.source
+        if source != "buffer" and source != "constant":
             raise _Other
-        shape = (a.size, a.stride)  # buffers of one shape are common: their text is written once
-        texts = shapes.get(shape)
-        if texts is None:
-            texts = shapes[shape] = (_exprs_text(a.size), _exprs_text(a.stride))
-        return ('{"device":' + _s(a.device) + ',"dtype":' + _s(a.dtype) + ',"kind":"tensor","name":' + _s(a.name)
-                + ',"size_exprs":' + texts[0] + ',"source":' + _s(a.source) + ',"stride_exprs":' + texts[1] + "}")
+        return (f'{{"device":{_s(a.device)},"dtype":{_s(a.dtype)},"kind":"tensor","name":{_s(a.name)},'
+                f'"size_exprs":[{_exprs_text(a.size)}],"source":{_s(source)},"stride_exprs":[{_exprs_text(a.stride)}]}}')
     if kind is WorkspaceArg:
         w: WorkspaceArg = arg  # type: ignore[assignment]
-        return ('{"count_expr":' + _expr_text(w.count) + ',"device":' + _s(w.device) + ',"dtype":' + _s(w.dtype)
-                + ',"kind":"workspace","name":' + _s(w.name) + ',"source":"workspace","zero_mode":'
-                + _s(w.zero_mode) + "}")
+        return (f'{{"count_expr":{_expr_text(w.count)},"device":{_s(w.device)},"dtype":{_s(w.dtype)},'
+                f'"kind":"workspace","name":{_s(w.name)},"source":"workspace","zero_mode":{_s(w.zero_mode)}}}')
     if kind is SizeArg:
         z: SizeArg = arg  # type: ignore[assignment]
         if z.source == "runtime_arg":
             index = "null" if z.index is None else _i(z.index)
-            return '{"index":' + index + ',"kind":"size","name":' + _s(z.name) + ',"source":"runtime_arg"}'
+            return f'{{"index":{index},"kind":"size","name":{_s(z.name)},"source":"runtime_arg"}}'
         if z.source == "axis_expr" and z.expr is not None:
-            return '{"expr":' + _expr_text(z.expr) + ',"kind":"size","name":' + _s(z.name) + ',"source":"axis_expr"}'
+            return f'{{"expr":{_expr_text(z.expr)},"kind":"size","name":{_s(z.name)},"source":"axis_expr"}}'
     raise _Other
 
 
@@ -179,8 +255,8 @@ def _names_text(names: object) -> str:
 
 def _features_text(plan: KernelPlan) -> str:
     return ",".join([
-        '{"axis_names":' + _names_text(f.axis_names) + ',"buckets":[' + ",".join([_i(b) for b in f.buckets])
-        + '],"name":' + _s(f.name) + ',"source":' + _s(f.source) + "}"
+        f'{{"axis_names":{_names_text(f.axis_names)},"buckets":[{",".join([_i(b) for b in f.buckets])}],'
+        f'"name":{_s(f.name)},"source":{_s(f.source)}}}'
         for f in plan.group_features
     ])
 
@@ -203,11 +279,10 @@ def canonical_texts(plan: KernelPlan) -> tuple[str, str]:
         head = ('{"axis_names":' + _names_text(plan.axis_names) + ',"axis_static_values":'
                 + _pairs_text(sorted(statics.items()), _i) + ',"group_features":[' + _features_text(plan) + "]")
         mutated = set(plan.mutated_arg_names)
-        shapes: dict[object, tuple[str, str]] = {}
         if any(n.__class__ is not str for n in mutated):
             raise _Other
         text = (head + ',"mutated_arg_names":' + _names_text(sorted(mutated)) + ',"ordered_arg_specs":['
-                + ",".join([_arg_text(a, shapes) for a in plan.args]) + "]}")
+                + ",".join(map(_arg_text, plan.args)) + "]}")
         return head + "}", text
     except (_Other, TypeError, ValueError):
         canonical = plan.canonical_payload()
@@ -217,13 +292,12 @@ def canonical_texts(plan: KernelPlan) -> tuple[str, str]:
 def payload_text(plan: KernelPlan) -> str:
     """``canonical_json(plan.to_payload())``, written directly (what an entry stores as its plan)."""
     try:
-        shapes: dict[object, tuple[str, str]] = {}
         labels = ('"axis_labels":' + _pairs_text(plan.axis_labels, _s) + ",") if plan.axis_labels else ""
         return ("{" + labels + '"axis_names":' + _names_text(plan.axis_names) + ',"axis_static_values":'
                 + _pairs_text(plan.axis_static_values, _i) + ',"group_features":[' + _features_text(plan)
                 + '],"kernel_name":' + _s(plan.kernel_name) + ',"mutated_arg_names":'
                 + _names_text(plan.mutated_arg_names) + ',"ordered_arg_specs":['
-                + ",".join([_arg_text(a, shapes) for a in plan.args]) + "]}")
+                + ",".join(map(_arg_text, plan.args)) + "]}")
     except (_Other, TypeError, ValueError):
         return canonical_json(plan.to_payload())
 

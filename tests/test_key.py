@@ -8,11 +8,13 @@ from importlib import metadata
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from strategies import plan_payloads, upstream_meta
 from test_footprint_fast import plans
 
+from prescreen import key
 from prescreen.expr import Axis, Const
-from prescreen.key import _version, canonical_texts, family_payload, library_versions, payload_text
+from prescreen.key import KeyParts, _version, canonical_texts, family_payload, library_versions, payload_text
 from prescreen.plan import KernelPlan, TensorArg, canonical_json
 
 
@@ -85,3 +87,66 @@ def test_versions_are_read_from_the_metadata_headers_as_importlib_reads_them(dis
         expected = "absent"
     assert _version(dist) == expected
     assert dict(library_versions())["torch"] == metadata.version("torch")
+
+
+def test_leaf_tables_give_json_s_text_for_str_subclasses_bools_and_odd_names() -> None:
+    """Axis names and constants come from process-wide tables keyed by value: a str subclass finds its own text,
+    a bool constant (``True == 1``) and a name json cannot write as a string take the general path."""
+    plan = KernelPlan.from_payload(upstream_meta())
+
+    class Name(str):
+        pass
+
+    arg = plan.args[0]
+    assert isinstance(arg, TensorArg)
+    for size in [(Axis(Name("x0")),), (Axis("x0"), Axis(Name("x0"))), (Const(True),), (Const(1), Const(True)),
+                 (Const(False), Const(0)), (Axis(7),), (Axis(None),), (Axis("\u00e9\n"),), (Const(2**80),)]:  # type: ignore[arg-type]
+        odd = dataclasses.replace(plan, args=(dataclasses.replace(arg, size=size), *plan.args[1:]))
+        assert canonical_texts(odd) == slow_texts(odd), size
+        assert payload_text(odd) == canonical_json(odd.to_payload()), size
+
+
+def test_leaf_tables_start_over_when_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(key, "LEAF_MEMO_SIZE", 4)
+    key._axis_texts.clear()
+    key._const_texts.clear()
+    plan = KernelPlan.from_payload(upstream_meta())
+    arg = plan.args[0]
+    assert isinstance(arg, TensorArg)
+    for i in range(20):
+        size = (Axis(f"a{i}"), Const(i), Axis(f"a{i % 3}"))
+        odd = dataclasses.replace(plan, args=(dataclasses.replace(arg, size=size), *plan.args[1:]))
+        assert canonical_texts(odd) == slow_texts(odd)
+        assert len(key._axis_texts) <= 4 and len(key._const_texts) <= 4
+
+
+class Name_(str):
+    pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["npu", "cuda", "\u00e9\"x", Name_("npu")]),
+    st.one_of(st.integers(0, 2**70), st.floats(allow_nan=True), st.booleans()),
+    st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-3, 3), st.booleans()),
+    st.one_of(st.integers(-2, 2**64), st.booleans(), st.none()),
+    st.sampled_from(["lib", "other", "dupes", "odd"]),
+)
+def test_key_parts_text_is_canonical_json_of_the_payload(
+    device_kind: str, total_memory: int, ratio: float, version: int, versions_kind: str
+) -> None:
+    versions = {
+        "lib": library_versions(),
+        "other": (("torch", "0"),),
+        "dupes": (("torch", "1"), ("a", "2"), ("torch", "3")),
+        "odd": (("torch", 1),),
+    }[versions_kind]
+    parts = KeyParts("p" * 64, "f\u00e9", device_kind, total_memory, ratio, version, version, versions)  # type: ignore[arg-type]
+    try:
+        expected = canonical_json(parts.to_payload())
+    except (TypeError, ValueError) as exc:  # an int too long for repr: both raise the same
+        with pytest.raises(type(exc)):
+            parts.text()
+        return
+    assert parts.text() == expected
+    assert parts.digest() == hashlib.sha256(expected.encode()).hexdigest()
