@@ -310,9 +310,9 @@ def trace_lookups() -> None:
 
     inner = service._lookup_or_decide
 
-    def traced(plan: Any, budget: Any, store: Any, write: bool) -> Any:
+    def traced(plan: Any, budget: Any, store: Any, write: bool, wait: bool) -> Any:
         start = time.perf_counter()
-        out = inner(plan, budget, store, write)
+        out = inner(plan, budget, store, write, wait)
         groups = 1
         for feature in plan.group_features:
             groups *= len(feature.buckets) + 1

@@ -269,7 +269,7 @@ def _guard(name: str, choices: list[Any], input_nodes: Sequence[Any], layout: An
         return choices  # nothing safe to fall back to: upstream behaviour
     plan = plan_for_selection(name, input_nodes, layout)
     budget = state.budget_for(layout.device)
-    outcome = lookup_or_decide(plan, budget, state.get_store())
+    outcome = lookup_or_decide(plan, budget, state.get_store(), wait=False)
     decision = outcome.decision
     if decision.tune:
         return choices
@@ -526,7 +526,7 @@ def _wrap_fusion(original: Callable[..., Any]) -> Callable[..., Any]:
                 plans = plans_for_fusion(self, node1, node2)
                 budget, store = state.budget_for(device), state.get_store()
                 for plan in plans:
-                    outcome = lookup_or_decide(plan, budget, store)
+                    outcome = lookup_or_decide(plan, budget, store, wait=False)
                     if not outcome.decision.tune:
                         state.log_once(outcome.key, logging.WARNING,
                                        "prescreen: skipping the epilogue-fusion benchmark, kernels left unfused: "

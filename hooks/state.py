@@ -6,7 +6,7 @@ import logging
 import threading
 
 from prescreen.budget import Budget
-from prescreen.service import COUNTERS, Counters
+from prescreen.service import COUNTERS, Counters, flush_writes
 from prescreen.store.base import Store
 
 log = logging.getLogger("prescreen.hooks")
@@ -24,6 +24,7 @@ def configure(*, store: Store | None = None, device_memory: str | int | None = N
     global _store, _store_opened, _store_owned
     with _lock:
         if store is not None:
+            flush_writes()  # what the hooks queued for the store they had reaches it
             _store, _store_opened, _store_owned = store, True, False
         if device_memory is not None:
             _overrides["device_memory"] = device_memory
@@ -41,9 +42,11 @@ def snapshot() -> Snapshot:
 
 
 def restore(saved: Snapshot) -> None:
-    """Put back a :func:`snapshot`; closes a store opened since that the snapshot does not hold."""
+    """Put back a :func:`snapshot` (after the queued writes are made); closes a store opened since that the
+    snapshot does not hold."""
     global _store, _store_opened, _store_owned
     with _lock:
+        flush_writes()
         if _store is not None and _store_owned and _store is not saved[0]:
             _store.close()
         _store, _store_opened, _store_owned = saved[0], saved[1], saved[2]
@@ -52,9 +55,11 @@ def restore(saved: Snapshot) -> None:
 
 
 def reset() -> None:
-    """Forget the store and overrides (the next lookup reopens from the environment)."""
+    """Forget the store and overrides (after the queued writes are made; the next lookup reopens from the
+    environment)."""
     global _store, _store_opened, _store_owned
     with _lock:
+        flush_writes()
         if _store is not None and _store_owned:
             _store.close()
         _store, _store_opened, _store_owned = None, False, False

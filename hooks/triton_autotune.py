@@ -169,7 +169,7 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
                 device = _device_of(_named_args(self, args, kwargs))
                 if getattr(device, "type", "cpu") not in ("cpu", "meta"):
                     plan = plan_for_autotuner(self, args, kwargs)
-                    outcome = lookup_or_decide(plan, state.budget_for(device), state.get_store())
+                    outcome = lookup_or_decide(plan, state.budget_for(device), state.get_store(), wait=False)
                     if not outcome.decision.tune:
                         state.log_once(outcome.key, logging.WARNING,
                                        "prescreen: skipping runtime autotuning of %s (%d configs), using %s: %s "

@@ -18,6 +18,7 @@ from prescreen.errors import NotBounded, Reason
 from prescreen.key import build_key
 from prescreen.plan import KernelPlan
 from prescreen.representatives import Representatives
+from prescreen.store import writer
 from prescreen.store.base import Store
 from prescreen.store.entry import Entry
 
@@ -166,7 +167,12 @@ _memos: dict[int, _Memo] = {}
 
 
 def forget(store: Store | None = None) -> None:
-    """Drop the in-process memo of ``store``'s decisions (of every store when None)."""
+    """Drop the in-process memo of ``store``'s decisions (of every store when None).
+
+    Waits for the writes ``lookup_or_decide(..., wait=False)`` queued first: what
+    is read next is what the store holds.
+    """
+    writer.flush(writer.EXIT_FLUSH_SECONDS)
     with _lock:
         if store is None:
             for memo in _memos.values():
@@ -211,7 +217,9 @@ def _count_hit(hit: _Hit, store: Store, plan: KernelPlan) -> Outcome:
     return _observed(hit.outcome, plan) if OBSERVERS else hit.outcome
 
 
-def lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, *, write: bool = True) -> Outcome:
+def lookup_or_decide(
+    plan: KernelPlan, budget: Budget, store: Store | None, *, write: bool = True, wait: bool = True
+) -> Outcome:
     """The decision for ``plan`` under ``budget``: from ``store`` on a hit, else computed (and stored).
 
     A plan this process already looked up (or stored) in this ``store`` object is
@@ -223,6 +231,11 @@ def lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, *, w
     other processes, or directly on the store object, are not seen until ``forget``
     (or a new store object). Answers from memory are counted in ``COUNTERS`` but
     not timed (``seconds``): each takes well under a microsecond.
+
+    ``wait=False`` (what the hooks pass) queues a computed decision's write on the
+    background writer (``prescreen.store.writer``) instead of waiting for it: the
+    decision is remembered at once, ``COUNTERS.stored`` counts it once written,
+    and ``flush_writes`` waits for the queue.
     """
     cache = plan._cache
     if cache is not None:
@@ -254,14 +267,14 @@ def lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, *, w
                 COUNTERS.seconds += time.perf_counter() - start
             return outcome
     try:
-        return _lookup_or_decide(plan, budget, store, write)
+        return _lookup_or_decide(plan, budget, store, write, wait)
     finally:
         elapsed = time.perf_counter() - start
         with _lock:
             COUNTERS.seconds += elapsed
 
 
-def _lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, write: bool) -> Outcome:
+def _lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, write: bool, wait: bool) -> Outcome:
     # A computed decision is only ever *added* (``Store.put`` keeps a valid entry already
     # there), so a stored observed_oom fallback is never overwritten by a computed tune.
     key, parts = build_key(plan, budget)
@@ -286,15 +299,31 @@ def _lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, wri
     family = None if isinstance(reps, NotBounded) else family_summary(reps)
     entry = Entry.new(key, parts, plan, family, decision)
     if store is not None and write:
-        stored = store.put(entry)
-        # False: a valid entry got there first (maybe another process's observed_oom); read it next time.
-        _remember(store, key, entry if stored else None)
-        if stored:
-            with _lock:
-                COUNTERS.stored += 1
+        if wait:
+            _written(store, key, entry, store.put(entry))
+        else:
+            _remember(store, key, entry)  # taken back by ``_written`` if the put does not store it
+            writer.submit(store, entry, lambda stored: _written(store, key, entry, stored, queued=True))
     with _lock:
         COUNTERS.count(decision)
     return _observed(Outcome(key, decision, False, entry), plan)
+
+
+def _written(store: Store, key: str, entry: Entry, stored: bool, *, queued: bool = False) -> None:
+    """Book a put of ``entry``: counted when stored; when not (a valid entry got there first, maybe
+    another process's observed_oom, or the store is failing), what the store holds is read next time."""
+    if stored:
+        if not queued:
+            _remember(store, key, entry)
+        with _lock:
+            COUNTERS.stored += 1
+    else:
+        _remember(store, key, None)
+
+
+def flush_writes(timeout: float | None = writer.EXIT_FLUSH_SECONDS) -> bool:
+    """Wait for the store writes queued by ``lookup_or_decide(..., wait=False)``; False if ``timeout`` ran out."""
+    return writer.flush(timeout)
 
 
 def family_summary(reps: Representatives) -> dict[str, object]:

@@ -14,7 +14,7 @@ from prescreen.errors import Reason
 from prescreen.expr import Const
 from prescreen.hooks import oom
 from prescreen.plan import KernelPlan, TensorArg
-from prescreen.service import lookup_or_decide, observation, record_observed_oom
+from prescreen.service import flush_writes, lookup_or_decide, observation, record_observed_oom
 from prescreen.store import DiskStore
 from prescreen.store.entry import Entry
 
@@ -196,6 +196,7 @@ def test_runtime_autotune_over_budget_skips_the_benchmark(gpu_like: DiskStore) -
     tuner = FakeAutotuner(raise_oom=False)
     timings = guarded(tuner, *_args())
     assert tuner.benchmarked == 0 and min(timings, key=timings.get) is tuner.launchers[0]
+    flush_writes()  # the hooks write their decisions in the background
     entries = list(gpu_like.entries())
     assert len(entries) == 1 and entries[0].decision.action == "fallback" and not is_observed_oom(entries[0].decision)
 
@@ -219,6 +220,7 @@ def test_other_errors_in_runtime_autotune_propagate(gpu_like: DiskStore) -> None
     guarded = triton_autotune._wrap(Broken.benchmark_all_configs)
     with pytest.raises(ValueError, match="not an OOM"):
         guarded(Broken(raise_oom=False), *_args())
+    flush_writes()  # the hooks write their decisions in the background
     assert list(gpu_like.entries())[0].decision.tune  # only the computed decision, no observed_oom
 
 
