@@ -80,7 +80,8 @@ def install(
 
     The Inductor guard is applied now (or, with ``lazy``, when Inductor's
     ``select_algorithm`` is first imported); the torch_npu guard whenever
-    ``torch_npu._inductor.codegen.triton`` is imported. Explicit ``store``,
+    ``torch_npu._inductor.codegen.triton`` is imported. The store is opened
+    now too (with ``lazy``, the ``import torch`` autoload: at the first lookup). Explicit ``store``,
     ``device_memory`` and ``ratio`` override the environment.
     """
     global _active
@@ -98,6 +99,10 @@ def install(
         import_hook.when_imported(NPU_RUNTIME_MODULE, _patch_npu_runtime)
         _active = True
         _announce(lazy)
+        if not lazy:
+            from prescreen.hooks import state
+
+            state.get_store()  # opened here, not inside the first compile (a lazy install opens at the first lookup)
 
 
 def _announce(lazy: bool) -> None:

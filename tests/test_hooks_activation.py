@@ -248,3 +248,26 @@ def test_install_logs_one_info_line_and_verbose_exit_summary(tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("prescreen: guards installed") == 1, proc.stderr
     assert re.search(r"prescreen: \d+ lookups, \d+ store hits, \d+ computed, \d+ fallbacks", proc.stderr), proc.stderr
+
+
+def test_an_explicit_install_opens_the_store_and_a_lazy_one_waits_for_the_first_lookup(tmp_path, monkeypatch) -> None:
+    """The store's opening (a directory check and a SQLite open) is paid at install, not inside the first compile."""
+    prescreen.uninstall()
+    state.reset()
+    monkeypatch.setenv("PRESCREEN_CACHE_DIR", str(tmp_path / "explicit"))
+    prescreen.install()
+    try:
+        store = state.snapshot()[0]
+        assert store is not None and store.location == str(tmp_path / "explicit")
+        assert (tmp_path / "explicit" / "cache.db").is_file()
+    finally:
+        prescreen.uninstall()
+        state.reset()
+    monkeypatch.setenv("PRESCREEN_CACHE_DIR", str(tmp_path / "lazy"))
+    activation.install(lazy=True)
+    try:
+        assert state.snapshot()[0] is None and not (tmp_path / "lazy").exists()
+        assert state.get_store() is not None and (tmp_path / "lazy" / "cache.db").is_file()
+    finally:
+        prescreen.uninstall()
+        state.reset()
