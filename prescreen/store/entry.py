@@ -14,12 +14,15 @@ plan is decoded, ``dynamic`` must match it.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
+import operator
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from prescreen.decision import Decision
 from prescreen.key import SCHEMA_VERSION, KeyParts, family_hash, known_parts, payload_text
@@ -143,6 +146,38 @@ class Entry:
         schema = d.get("schema_version")
         if schema != SCHEMA_VERSION:
             raise InvalidEntry(f"entry has schema {schema!r}, this prescreen reads schema {SCHEMA_VERSION}")
+        plain = _plain_entry(d)
+        if plain is not None:
+            key, parts, decision, dynamic, family, entry = plain
+        else:
+            key, parts, decision, dynamic, family, entry = Entry._checked_fields(d)
+        if known_parts(key) != parts and parts.digest() != key:  # parts this process digested into key: equal
+            raise InvalidEntry("entry key does not match its key parts")
+        if expected_key is not None and key != expected_key:
+            raise InvalidEntry(f"entry is stored under {expected_key[:12]} but carries key {key[:12]}")
+        if decision.estimator_version != parts.estimator_version:
+            raise InvalidEntry("decision and key disagree on the estimator version")
+        if expected_key is None:
+            # A listing, an import or a bundle: decode the stored plan and re-derive the hashes
+            # and the dynamic flag from it. (On a lookup, the family's depth is bounded by the
+            # JSON parser's recursion limit, caught as invalid.)
+            _check_depth(family, "family")
+            stored_plan = KernelPlan.from_payload(_decode_plan(entry.plan_text))
+            if stored_plan.plan_hash() != parts.plan_hash or family_hash(stored_plan) != parts.family_hash:
+                raise InvalidEntry("stored plan does not hash to the key's plan and family hashes")
+            if stored_plan.is_dynamic != dynamic:
+                raise InvalidEntry("entry's dynamic flag does not match its stored plan")
+        # On a lookup the caller derived ``expected_key`` from its own plan, and the key is the
+        # digest of the parts, so the parts' hashes are the caller's plan's; the stored plan text
+        # is not decoded (the service checks ``dynamic`` against the caller's plan).
+        check_decision(decision, parts, dynamic)
+        return entry
+
+    @staticmethod
+    def _checked_fields(
+        d: Mapping[Any, Any],
+    ) -> tuple[str, KeyParts, Decision, bool, dict[str, object] | None, "Entry"]:
+        """An entry's fields, each checked on its own (see ``_plain_entry`` for the usual case); raises."""
         try:
             raw_parts = d["parts"]
             versions = raw_parts["versions"]
@@ -184,27 +219,7 @@ class Entry:
             raise
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError) as exc:
             raise InvalidEntry(f"malformed entry: {exc!r}") from None
-        if known_parts(key) != parts and parts.digest() != key:  # parts this process digested into key: equal
-            raise InvalidEntry("entry key does not match its key parts")
-        if expected_key is not None and key != expected_key:
-            raise InvalidEntry(f"entry is stored under {expected_key[:12]} but carries key {key[:12]}")
-        if decision.estimator_version != parts.estimator_version:
-            raise InvalidEntry("decision and key disagree on the estimator version")
-        if expected_key is None:
-            # A listing, an import or a bundle: decode the stored plan and re-derive the hashes
-            # and the dynamic flag from it. (On a lookup, the family's depth is bounded by the
-            # JSON parser's recursion limit, caught as invalid.)
-            _check_depth(family, "family")
-            stored_plan = KernelPlan.from_payload(_decode_plan(plan_text))
-            if stored_plan.plan_hash() != parts.plan_hash or family_hash(stored_plan) != parts.family_hash:
-                raise InvalidEntry("stored plan does not hash to the key's plan and family hashes")
-            if stored_plan.is_dynamic != dynamic:
-                raise InvalidEntry("entry's dynamic flag does not match its stored plan")
-        # On a lookup the caller derived ``expected_key`` from its own plan, and the key is the
-        # digest of the parts, so the parts' hashes are the caller's plan's; the stored plan text
-        # is not decoded (the service checks ``dynamic`` against the caller's plan).
-        check_decision(decision, parts, dynamic)
-        return entry
+        return key, parts, decision, dynamic, family, entry
 
     @staticmethod
     def from_json(text: str | bytes, expected_key: str | None = None, signer: Signer | None = None) -> "Entry":
@@ -243,6 +258,13 @@ def parse_json(text: str | bytes) -> object:
     if len(text) > MAX_ENTRY_BYTES:
         raise InvalidEntry(f"entry is {len(text)} bytes, over the {MAX_ENTRY_BYTES}-byte cap")
     try:
+        if text.__class__ is str:
+            try:  # the scanner itself: ``decode`` adds two regex matches for the whitespace around the value
+                value, end = _scan(text, 0)
+                if end == len(text):
+                    return value
+            except (StopIteration, ValueError, RecursionError):
+                pass  # ``decode`` says what is wrong
         return _DECODER.decode(text.decode("utf-8") if isinstance(text, bytes) else text)
     except RecursionError:
         raise InvalidEntry("entry is JSON nested too deeply") from None
@@ -262,6 +284,7 @@ def _finite_float(text: str) -> float:
 
 
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+_scan: Callable[[str, int], tuple[object, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
 _INT_LIMIT = 2**63  # what SQLite, Redis and every counter here hold
 
 
@@ -291,6 +314,64 @@ def _versions(versions: Mapping[object, object]) -> tuple[tuple[str, str], ...]:
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs):
         raise InvalidEntry("parts.versions must map names to version strings")
     return tuple(pairs)  # type: ignore[arg-type]
+
+
+# --- The usual entry, checked in a few C passes ------------------------------------------------------
+#
+# ``Entry._checked_fields`` checks each field on its own, with a helper call per field: a third of a
+# lookup's decoding. An entry as ``to_json`` writes it has every field of one plain JSON type, so
+# ``_plain_entry`` reads them all with one ``itemgetter`` and checks their exact types as one tuple
+# (a set lookup), then the ranges. It accepts only what ``_checked_fields`` accepts, builds the same
+# entry, and answers None for anything else (a str subclass, a missing ``hits``, a bad value), which
+# ``_checked_fields`` then checks again and names.
+
+_entry_values = operator.itemgetter("key", "plan", "kernel", "host", "dynamic", "pid", "hits", "created_at", "family",
+                                    "parts", "decision")
+_parts_values = operator.itemgetter("plan_hash", "family_hash", "device_kind", "total_memory", "ratio",
+                                    "schema_version", "estimator_version", "versions")
+_NONE = type(None)
+_ENTRY_TYPES = frozenset(
+    (str, str, str, str, bool, int, int, created, family, dict, dict)
+    for created in (float, int) for family in (dict, _NONE)
+)
+_PARTS_TYPES = frozenset((str, str, str, int, ratio, int, int, dict) for ratio in (float, int))
+_STR_ONLY = {str}
+_chain = itertools.chain.from_iterable
+_DECODE_ERRORS = (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError, RecursionError)
+
+
+def _plain_entry(d: Mapping[str, object]) -> tuple[str, KeyParts, Decision, bool, dict[str, object] | None, Entry] | None:
+    """``Entry._checked_fields(d)`` for an entry whose every field has its plain JSON type; else None."""
+    if d.__class__ is not dict:
+        return None
+    try:
+        values = _entry_values(d)
+        raw_parts = values[9]
+        if raw_parts.__class__ is not dict:
+            return None
+        part_values = _parts_values(raw_parts)
+    except KeyError:
+        return None
+    if tuple(map(type, values)) not in _ENTRY_TYPES or tuple(map(type, part_values)) not in _PARTS_TYPES:
+        return None
+    key, plan_text, kernel, host, dynamic, pid, hits, created_at, family, _, raw_decision = values
+    plan_hash, family_hash, device_kind, total_memory, ratio, schema_version, estimator_version, versions = part_values
+    limit = _INT_LIMIT
+    # The ranges of ``_int`` and ``_finite`` (a NaN fails every comparison; an infinity is out of range).
+    if not (0 <= total_memory < limit and 0 <= schema_version < limit and 0 <= estimator_version < limit
+            and 0 <= pid < limit and 0 <= hits < limit and -limit < ratio < limit and -limit < created_at < limit):
+        return None
+    items = tuple(versions.items())
+    if not set(map(type, _chain(items))) <= _STR_ONLY:
+        return None
+    try:
+        decision = Decision.from_payload(raw_decision)
+    except _DECODE_ERRORS:
+        return None  # ``_checked_fields`` says what is wrong
+    parts = KeyParts(plan_hash, family_hash, device_kind, total_memory, float(ratio), schema_version,
+                     estimator_version, tuple(sorted(items)))  # exact str names: sorted as ``_versions`` sorts
+    entry = Entry(key, parts, kernel, plan_text, dynamic, family, decision, float(created_at), host, pid, hits)
+    return key, parts, decision, dynamic, family, entry
 
 
 def _check_depth(value: object, what: str) -> None:

@@ -1,0 +1,280 @@
+"""The fast decoding paths of a lookup accept exactly what the field-by-field checks accept, and build the same values.
+
+``Decision.from_payload`` and ``ArgFootprint.from_payload`` check every field's type in one pass and fall
+back to the checks one by one; ``_plain_entry`` reads a usual entry in a few passes and leaves anything
+else to ``Entry._checked_fields``; ``parse_json`` calls json's scanner directly. Each is compared here with
+the field-by-field version on hostile edits of valid values: the same result, or the same error.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_store_support import BUDGET, entry_fields, make_entry, make_plan
+
+from prescreen.budget import Budget
+from prescreen.decision import Decision, _check_consistent, decide, is_observed_oom
+from prescreen.footprint import ArgFootprint
+from prescreen.store import entry as entry_module
+from prescreen.store.entry import Entry, InvalidEntry, parse_json
+
+# --- The field-by-field checks, as they were before the fast paths (the specification) ----------------
+
+_FIELDS = frozenset(Decision.__dataclass_fields__)
+_ARG_FIELDS = frozenset(ArgFootprint.__dataclass_fields__)
+
+
+def reference_arg(d: object) -> ArgFootprint:
+    if not isinstance(d, dict) or d.keys() != _ARG_FIELDS:
+        raise ValueError(f"dominant_arg must be an object with fields {sorted(_ARG_FIELDS)}, got {d!r}")
+    for key in ("name", "kind", "dtype"):
+        if not isinstance(d[key], str):
+            raise ValueError(f"dominant_arg.{key} must be a string, got {d[key]!r}")
+    for key in ("group_id", "num_bytes"):
+        if d[key].__class__ is not int:
+            raise ValueError(f"dominant_arg.{key} must be an int, got {d[key]!r}")
+    if d["num_bytes"] < 0:
+        raise ValueError(f"dominant_arg.num_bytes must be >= 0, got {d['num_bytes']}")
+    for key in ("size", "stride"):
+        v = d[key]
+        if v.__class__ is not list or not set(map(type, v)) <= {int}:
+            raise ValueError(f"dominant_arg.{key} must be a list of ints, got {v!r}")
+    return ArgFootprint(d["group_id"], d["name"], d["kind"], d["dtype"], tuple(d["size"]), tuple(d["stride"]),
+                        d["num_bytes"])
+
+
+def reference_groups(groups: object) -> tuple[tuple[int, int], ...]:
+    if groups.__class__ is not list:
+        raise ValueError("group_bytes must be a list of [group_id, bytes]")
+    if not groups:
+        return ()
+    if set(map(type, groups)) != {list} or set(map(len, groups)) != {2}:  # type: ignore[call-overload]
+        raise ValueError("group_bytes must be a list of [group_id, bytes]")
+    ids, sizes = zip(*groups)  # type: ignore[misc]
+    if not set(map(type, ids)) <= {int} or not set(map(type, sizes)) <= {int}:
+        raise ValueError("group_bytes must be a list of [group_id, bytes]")
+    return tuple(zip(ids, sizes))
+
+
+def reference_decision(d: Any) -> Decision:
+    if not isinstance(d, Mapping):
+        raise ValueError(f"decision must be a mapping, got {type(d).__name__}")
+    if d.keys() != _FIELDS:
+        raise ValueError(f"decision fields differ: missing {sorted(_FIELDS - set(d))}, extra {sorted(set(d) - _FIELDS)}")
+    action = d["action"]
+    if action not in ("tune", "fallback"):
+        raise ValueError(f"bad action {action!r}")
+    ints = {}
+    for key in ("estimated_bytes", "synthetic_bytes", "mutated_clone_bytes", "budget_bytes", "total_memory",
+                "largest_group_id", "estimator_version"):
+        v = d[key]
+        if v is not None and v.__class__ is not int:
+            raise ValueError(f"{key} must be an int, got {v!r}")
+        ints[key] = v
+    for key in ("budget_bytes", "total_memory", "estimator_version"):
+        if ints[key] is None:
+            raise ValueError(f"{key} must be an int, got None")
+    for key in ("bounded", "enable_auto_blockify"):
+        if d[key].__class__ is not bool:
+            raise ValueError(f"{key} must be a bool")
+    for key in ("device_kind", "reason"):
+        if not isinstance(d[key], str):
+            raise ValueError(f"{key} must be a string, got {d[key]!r}")
+    ratio = d["ratio"]
+    if ratio.__class__ not in (int, float) or not 0 < ratio <= 1:
+        raise ValueError(f"bad ratio {ratio!r}")
+    group_bytes = reference_groups(d["group_bytes"])
+    dom = d["dominant_arg"]
+    decision = Decision(
+        action=action, bounded=d["bounded"], enable_auto_blockify=d["enable_auto_blockify"],
+        estimated_bytes=ints["estimated_bytes"], synthetic_bytes=ints["synthetic_bytes"],
+        mutated_clone_bytes=ints["mutated_clone_bytes"], budget_bytes=ints["budget_bytes"],
+        total_memory=ints["total_memory"], ratio=float(ratio), device_kind=d["device_kind"], reason=d["reason"],
+        largest_group_id=ints["largest_group_id"], dominant_arg=None if dom is None else reference_arg(dom),
+        group_bytes=group_bytes, estimator_version=ints["estimator_version"],
+    )
+    _check_consistent(decision)
+    return decision
+
+
+def outcome(fn: Any, *args: object) -> tuple[str, object]:
+    """What ``fn(*args)`` gives: ("ok", the value) or ("error", its type and message)."""
+    try:
+        return "ok", fn(*args)
+    except Exception as exc:  # noqa: BLE001 - the point is to compare whatever comes out
+        return "error", (type(exc), str(exc))
+
+
+# --- Hostile edits ---------------------------------------------------------------------------------
+
+
+class Name(str):
+    pass
+
+
+class Count(int):
+    pass
+
+
+HOSTILE_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 3), st.integers(-(2**70), 2**70), st.sampled_from([2**63 - 1, 2**63]),
+    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.25, 0.5, 1.0, 1, 0, -0.0]),
+    st.text(max_size=3), st.sampled_from(["tune", "fallback", Name("tune"), Name("npu"), Name("x"), "npu"]),
+    st.builds(Count, st.integers(0, 3)),
+    st.lists(st.integers(0, 3), max_size=3), st.lists(st.lists(st.integers(0, 3), max_size=3), max_size=3),
+    st.tuples(st.integers(0, 3), st.integers(0, 3)), st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+)
+
+
+def _payloads() -> list[dict[str, Any]]:
+    plan = make_plan(1, n_args=3, n_buckets=3)
+    out = [decide(plan, b).to_payload() for b in (BUDGET, Budget("npu", 100, 0.5), Budget("cuda", 3 * 2**30, 1))]
+    not_bounded = make_plan(2)
+    arg = not_bounded.args[0]
+    bad = type(not_bounded)(not_bounded.group_features, not_bounded.axis_names, not_bounded.axis_static_values,
+                            (type(arg)(arg.name, arg.source, arg.size, arg.stride, "torch.float17", arg.device),  # type: ignore[call-arg, union-attr]
+                             *not_bounded.args[1:]))
+    out.append(decide(bad, BUDGET).to_payload())
+    oom = dict(out[0], action="fallback", reason="observed_oom: out of memory")
+    out.append(oom)
+    return json.loads(json.dumps(out))  # as a store gives them back
+
+
+PAYLOADS = _payloads()
+DECISION_PATHS = [(k,) for k in sorted(_FIELDS)] + [("dominant_arg", k) for k in sorted(_ARG_FIELDS)] + [
+    ("group_bytes", 0), ("group_bytes", 0, 0), ("group_bytes", 0, 1), ("group_bytes", -1, 1),
+    ("dominant_arg", "size", 0)]
+
+
+@st.composite
+def edited(draw: st.DrawFn, base: list[dict[str, Any]], paths: list[tuple[Any, ...]]) -> Any:
+    payload = copy.deepcopy(draw(st.sampled_from(base)))
+    for _ in range(draw(st.integers(0, 3))):
+        path = draw(st.sampled_from(paths))
+        target: Any = payload
+        try:
+            for step in path[:-1]:
+                target = target[step]
+            action = draw(st.sampled_from(["set", "set", "set", "delete", "extra"]))
+            if action == "set":
+                target[path[-1]] = draw(HOSTILE_VALUES)
+            elif action == "delete" and isinstance(target, dict):
+                target.pop(path[-1], None)
+            elif isinstance(target, dict):
+                target["extra"] = 1
+        except (KeyError, IndexError, TypeError):
+            pass  # an earlier edit replaced what this path goes through
+    return payload
+
+
+@settings(max_examples=1500, deadline=None)
+@given(edited(PAYLOADS, DECISION_PATHS))
+def test_decision_from_payload_is_the_field_by_field_check(payload: Any) -> None:
+    assert outcome(Decision.from_payload, payload) == outcome(reference_decision, payload)
+
+
+@pytest.mark.parametrize("payload", PAYLOADS, ids=lambda p: p["reason"][:20])
+def test_valid_decisions_decode_as_before(payload: dict[str, Any]) -> None:
+    decision = Decision.from_payload(payload)
+    assert decision == reference_decision(payload) and decision.to_payload() == payload
+    assert is_observed_oom(decision) == payload["reason"].startswith("observed_oom")
+
+
+@settings(max_examples=800, deadline=None)
+@given(edited([p["dominant_arg"] for p in PAYLOADS if p["dominant_arg"]], [(k,) for k in sorted(_ARG_FIELDS)]
+              + [("size", 0), ("stride", -1)]))
+def test_arg_footprint_from_payload_is_the_field_by_field_check(payload: Any) -> None:
+    assert outcome(ArgFootprint.from_payload, payload) == outcome(reference_arg, payload)
+
+
+def test_str_subclasses_take_the_field_by_field_path_and_are_accepted() -> None:
+    payload = copy.deepcopy(PAYLOADS[0])
+    payload["device_kind"], payload["reason"] = Name("npu"), Name(payload["reason"])
+    payload["dominant_arg"]["name"] = Name(payload["dominant_arg"]["name"])
+    assert Decision.from_payload(payload) == reference_decision(payload) == Decision.from_payload(PAYLOADS[0])
+
+
+# --- Entries ---------------------------------------------------------------------------------------
+
+ENTRIES = [entry_fields(make_entry(seed, n_args=2, n_buckets=b).to_json()) for seed, b in ((1, 2), (2, 3), (3, 1))]
+ENTRY_FIELDS = sorted(ENTRIES[0])
+ENTRY_PATHS = ([(k,) for k in ENTRY_FIELDS] + [("parts", k) for k in sorted(ENTRIES[0]["parts"])]
+               + [("parts", "versions", "torch"), ("parts", "versions", "x"), ("decision", "ratio"),
+                  ("decision", "group_bytes", 0, 1), ("family", "group_count")])
+
+
+@settings(max_examples=1500, deadline=None)
+@given(edited(ENTRIES, ENTRY_PATHS))
+def test_plain_entry_accepts_only_what_the_field_by_field_check_accepts(d: Any) -> None:
+    plain = outcome(entry_module._plain_entry, d)
+    checked = outcome(Entry._checked_fields, d)
+    assert plain[0] == "ok"  # it answers None for anything it does not take, never raises
+    if plain[1] is not None:
+        assert checked == plain
+    if checked[0] == "error":
+        assert plain[1] is None
+
+
+@settings(max_examples=600, deadline=None)
+@given(edited(ENTRIES, ENTRY_PATHS))
+def test_entry_from_payload_answers_as_the_field_by_field_check(d: Any) -> None:
+    key = ENTRIES[0]["key"]
+    with_plain = outcome(Entry.from_payload, d, key)
+    original = entry_module._plain_entry
+    entry_module._plain_entry = lambda d: None  # type: ignore[assignment]
+    try:
+        without = outcome(Entry.from_payload, d, key)
+    finally:
+        entry_module._plain_entry = original
+    assert with_plain == without
+
+
+def test_usual_entries_take_the_plain_path() -> None:
+    for d in ENTRIES:
+        found = entry_module._plain_entry(d)
+        assert found is not None and found == Entry._checked_fields(d)
+    without_hits = {k: v for k, v in ENTRIES[0].items() if k != "hits"}
+    assert entry_module._plain_entry(without_hits) is None
+    assert Entry.from_payload(without_hits, ENTRIES[0]["key"]).hits == 0
+
+
+def test_entry_ratio_and_times_at_the_edges() -> None:
+    d = copy.deepcopy(ENTRIES[0])
+    for value in (2**63 - 1, -(2**63) + 1, 2**63, math.inf, math.nan, 1e300, 0, -5.5):
+        d["created_at"] = value
+        plain, checked = outcome(entry_module._plain_entry, d), outcome(Entry._checked_fields, d)
+        assert plain[1] is None if checked[0] == "error" else plain == checked
+
+
+# --- parse_json ------------------------------------------------------------------------------------
+
+
+def reference_parse(text: str | bytes) -> object:
+    try:
+        return entry_module._DECODER.decode(text.decode("utf-8") if isinstance(text, bytes) else text)
+    except RecursionError:
+        raise InvalidEntry("entry is JSON nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidEntry(f"entry is not JSON: {exc}") from None
+
+
+@pytest.mark.parametrize("text", [
+    '{"a":1}', ' {"a":1}', '{"a":1} ', '{"a":1}\n', '{"a":1}x', "", " ", "[1,2", "NaN", "[Infinity]", "[1e400]",
+    "[-1e400]", '{"a":1.5}', '"s"', "1", "[" * 100_000 + "]" * 100_000, b'{"a":1}', b"\xff", '{"a":1}{"b":2}',
+    '{"a":[1,{"b":null}]}', "\u00e9", '"\\ud800"',
+])
+def test_parse_json_is_decode(text: str | bytes) -> None:
+    assert outcome(parse_json, text) == outcome(reference_parse, text)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet='{}[]",:0123456789.eE+-tfnaluIN \n', max_size=30))
+def test_parse_json_is_decode_on_random_text(text: str) -> None:
+    assert outcome(parse_json, text) == outcome(reference_parse, text)
