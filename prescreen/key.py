@@ -226,15 +226,18 @@ def _exprs_text(exprs: tuple[Expr, ...]) -> str:
     return ",".join(out)
 
 
+_TENSOR_SOURCES = {"buffer": '"buffer"', "constant": '"constant"'}  # a tensor's source -> its JSON text
+
+
 def _arg_text(arg: object) -> str:
     kind = arg.__class__
     if kind is TensorArg:
         a: TensorArg = arg  # type: ignore[assignment]
-        source = a.source
-        if source != "buffer" and source != "constant":
+        source = _TENSOR_SOURCES.get(a.source)
+        if source is None:
             raise _Other
         return (f'{{"device":{_s(a.device)},"dtype":{_s(a.dtype)},"kind":"tensor","name":{_s(a.name)},'
-                f'"size_exprs":[{_exprs_text(a.size)}],"source":{_s(source)},"stride_exprs":[{_exprs_text(a.stride)}]}}')
+                f'"size_exprs":[{_exprs_text(a.size)}],"source":{source},"stride_exprs":[{_exprs_text(a.stride)}]}}')
     if kind is WorkspaceArg:
         w: WorkspaceArg = arg  # type: ignore[assignment]
         return (f'{{"count_expr":{_expr_text(w.count)},"device":{_s(w.device)},"dtype":{_s(w.dtype)},'
@@ -253,9 +256,19 @@ def _names_text(names: object) -> str:
     return "[" + ",".join(map(_s, names)) + "]"  # type: ignore[call-overload]
 
 
+def _ints_text(values: tuple[int, ...]) -> str:
+    """Exact ints, comma-separated (anything else: ``_Other``)."""
+    if not set(map(type, values)) <= _INT_ONLY:
+        raise _Other
+    return ",".join(map(_int_text, values))
+
+
+_INT_ONLY = {int}
+
+
 def _features_text(plan: KernelPlan) -> str:
     return ",".join([
-        f'{{"axis_names":{_names_text(f.axis_names)},"buckets":[{",".join([_i(b) for b in f.buckets])}],'
+        f'{{"axis_names":{_names_text(f.axis_names)},"buckets":[{_ints_text(f.buckets)}],'
         f'"name":{_s(f.name)},"source":{_s(f.source)}}}'
         for f in plan.group_features
     ])

@@ -106,6 +106,30 @@ def test_leaf_tables_give_json_s_text_for_str_subclasses_bools_and_odd_names() -
         assert payload_text(odd) == canonical_json(odd.to_payload()), size
 
 
+def test_odd_buckets_and_tensor_sources_take_the_general_path() -> None:
+    plan = KernelPlan.from_payload(upstream_meta())
+    arg = plan.args[0]
+    assert isinstance(arg, TensorArg) and plan.group_features
+
+    class Source(str):
+        pass
+
+    feature = plan.group_features[0]
+    for buckets in [(1, True), (2.0,), (), (2**70, 3)]:
+        odd = dataclasses.replace(plan, group_features=(dataclasses.replace(feature, buckets=buckets),
+                                                        *plan.group_features[1:]))
+        assert canonical_texts(odd) == slow_texts(odd), buckets
+    for source in ["constant", Source("buffer"), "workspace", None]:
+        odd = dataclasses.replace(plan, args=(dataclasses.replace(arg, source=source), *plan.args[1:]))  # type: ignore[arg-type]
+        try:
+            expected = slow_texts(odd)
+        except Exception as exc:  # noqa: BLE001 - a source the payload writer does not know either
+            with pytest.raises(type(exc)):
+                canonical_texts(odd)
+        else:
+            assert canonical_texts(odd) == expected, source
+
+
 def test_leaf_tables_start_over_when_full(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(key, "LEAF_MEMO_SIZE", 4)
     key._axis_texts.clear()
