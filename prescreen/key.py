@@ -218,11 +218,22 @@ def _expr_text(expr: Expr) -> str:
 
 
 def _exprs_text(exprs: tuple[Expr, ...]) -> str:
-    """The items of a JSON list of expressions, comma-separated (no brackets)."""
-    axis_texts = _axis_texts
+    """The items of a JSON list of expressions, comma-separated (no brackets).
+
+    Axes, constants and products, the usual nodes, are written here without a call of their own.
+    """
+    axis_texts, const_texts = _axis_texts, _const_texts
     out = []
     for e in exprs:  # a loop, not a comprehension: in Python 3.11 that is one call more
-        out.append(axis_texts[e.name] if e.__class__ is Axis else _expr_text(e))
+        kind = e.__class__
+        if kind is Axis:
+            out.append(axis_texts[e.name])  # type: ignore[union-attr]
+        elif kind is Const and e.value.__class__ is int:  # type: ignore[union-attr]
+            out.append(const_texts[e.value])  # type: ignore[union-attr]
+        elif kind is Mul:
+            out.append('{"mul":[' + _exprs_text(e.operands) + "]}")  # type: ignore[union-attr]
+        else:
+            out.append(_expr_text(e))
     return ",".join(out)
 
 
