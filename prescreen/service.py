@@ -172,7 +172,7 @@ def forget(store: Store | None = None) -> None:
     Waits for the writes ``lookup_or_decide(..., wait=False)`` queued first: what
     is read next is what the store holds.
     """
-    writer.flush(writer.EXIT_FLUSH_SECONDS)
+    writer.flush(store, writer.EXIT_FLUSH_SECONDS)
     with _lock:
         if store is None:
             for memo in _memos.values():
@@ -323,7 +323,7 @@ def _written(store: Store, key: str, entry: Entry, stored: bool, *, queued: bool
 
 def flush_writes(timeout: float | None = writer.EXIT_FLUSH_SECONDS) -> bool:
     """Wait for the store writes queued by ``lookup_or_decide(..., wait=False)``; False if ``timeout`` ran out."""
-    return writer.flush(timeout)
+    return writer.flush(None, timeout)
 
 
 def family_summary(reps: Representatives) -> dict[str, object]:

@@ -170,3 +170,53 @@ def test_the_memo_and_counters_see_a_queued_decision_once(held: HeldStore) -> No
         lookup_or_decide(plan, BUDGET, held, wait=False)
     assert COUNTERS.estimator_calls == estimator + 1 and COUNTERS.lookups == lookups + 3
     assert service.COUNTERS.memo_hits >= 2
+
+
+def test_closing_a_store_waits_for_its_queued_writes_only(held: HeldStore, tmp_path: Path) -> None:
+    gate = threading.Event()
+    with DiskStore(tmp_path / "mine") as store:
+        writer.call(store, lambda: None if gate.wait(10) else None)  # this store's writer work, gated
+        outcome = lookup_or_decide(make_plan(11), BUDGET, store, wait=False)
+        lookup_or_decide(make_plan(13), BUDGET, held, wait=False)  # another store's write behind them, held
+        threading.Timer(0.2, gate.set).start()
+    # the with block's close waited for the gate and the put behind it, not for the held store's write
+    assert writer.pending() == 1
+    with DiskStore(tmp_path / "mine") as again:
+        assert again.get(outcome.key) is not None
+
+
+def test_a_decisions_hit_count_is_written_off_the_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with DiskStore(tmp_path) as store:
+        outcome = lookup_or_decide(make_plan(12), BUDGET, store)
+        gate = threading.Event()
+        writer.call(store, lambda: None if gate.wait(10) else None)
+        monkeypatch.setattr(store._hits, "flushed_at", 0.0)  # the hit buffer is due
+        flushes: list[str] = []
+        real_flush = store.flush_hits
+        monkeypatch.setattr(store, "flush_hits", lambda: (flushes.append(threading.current_thread().name),
+                                                          real_flush())[-1])
+        for _ in range(3):
+            assert store.lookup(outcome.key) is not None  # returns although the writer is held
+        assert flushes == [] and writer.pending() == 2  # one flush queued for the three lookups
+        gate.set()
+        assert flush_writes(10)
+        assert flushes == ["prescreen-store-writer"]
+        entry = store.get(outcome.key)
+        assert entry is not None and entry.hits == 4  # three lookups and this get
+
+
+def test_a_tiered_lookup_copies_a_remote_hit_to_the_local_tier_off_the_lookup(tmp_path: Path) -> None:
+    from prescreen.store import TieredStore
+
+    local = HeldStore(tmp_path / "local")
+    remote = DiskStore(tmp_path / "remote")
+    outcome = lookup_or_decide(make_plan(14), BUDGET, remote)
+    tiered = TieredStore(local, remote)
+    try:
+        got = tiered.lookup(outcome.key)  # returns although the local put is held
+        assert got is not None and got.decision == outcome.decision and writer.pending() == 1
+        threading.Timer(0.2, local.release.set).start()
+    finally:
+        tiered.close()  # waits for the copy
+    with DiskStore(tmp_path / "local") as again:
+        assert again.get(outcome.key) is not None

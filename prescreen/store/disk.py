@@ -39,6 +39,7 @@ from diskcache.core import DBNAME
 
 from prescreen.budget import parse_memory
 from prescreen.errors import ConfigError
+from prescreen.store import writer
 from prescreen.store.base import Store, StoreStats, log
 from prescreen.store.entry import Entry
 from prescreen.store.faults import Fault, classify
@@ -89,11 +90,13 @@ class _HitBuffer:
         self.lock = threading.Lock()
         self.cache: FastOpenCache | None = None
         self.flushed_at = time.monotonic()
+        self.queued = False  # a flush is queued on the background writer
 
     def take(self) -> collections.Counter[str]:
         with self.lock:
             pending, self.pending = self.pending, collections.Counter()
             self.flushed_at = time.monotonic()
+            self.queued = False
         return pending
 
     def final_flush(self) -> None:
@@ -437,31 +440,40 @@ class DiskStore(Store):
             self._run(True, drop, None)
 
     def get(self, key: str) -> Entry | None:
-        entry, pending = self._hit(key)
+        entry, pending = self._hit(key, later=False)
         return None if entry is None else entry.with_hits(self._stored_hits(key) + pending)
 
     def lookup(self, key: str) -> Entry | None:
-        return self._hit(key)[0]
+        return self._hit(key, later=True)[0]
 
-    def _hit(self, key: str) -> tuple[Entry | None, int]:
+    def _hit(self, key: str, later: bool) -> tuple[Entry | None, int]:
         """The valid entry under ``key`` (its hit buffered, see ``_count_hit``) and its hits not yet written."""
         entry = self._decode(key, self._read(key))
         if entry is None:
             self.misses += 1
             return None, 0
         self.hits += 1
-        return entry, self._count_hit(key)
+        return entry, self._count_hit(key, later)
 
-    def _count_hit(self, key: str) -> int:
-        """Buffer one hit of ``key`` (flushed every ``HIT_FLUSH_SECONDS``); returns its hits not yet written."""
+    def _count_hit(self, key: str, later: bool) -> int:
+        """Buffer one hit of ``key``; returns its hits not yet written.
+
+        The buffer is written every ``HIT_FLUSH_SECONDS``: by this call for ``get``, on
+        the background writer for ``lookup`` (a decision's read never waits for a commit).
+        """
         if not (self.count_hits and self._cache is not None):
             return 0
         with self._hits.lock:
             self._hits.pending[key] += 1
             pending = self._hits.pending[key]
-            due = time.monotonic() - self._hits.flushed_at >= HIT_FLUSH_SECONDS
+            due = not self._hits.queued and time.monotonic() - self._hits.flushed_at >= HIT_FLUSH_SECONDS
+            if due and later:
+                self._hits.queued = True
         if due:
-            self.flush_hits()
+            if later:
+                writer.call(self, self.flush_hits)
+            else:
+                self.flush_hits()
         return pending
 
     def flush_hits(self) -> None:
@@ -590,6 +602,7 @@ class DiskStore(Store):
         self._cache = self._reader = None
 
     def close(self) -> None:
+        writer.flush(self, writer.EXIT_FLUSH_SECONDS)  # writes queued for this store land before it closes
         self.flush_hits()
         with self._lock:
             self._close_handles()

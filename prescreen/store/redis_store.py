@@ -25,6 +25,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from prescreen.errors import ConfigError
+from prescreen.store import writer
 from prescreen.store.base import Store, StoreStats
 from prescreen.store.entry import MAX_ENTRY_BYTES, Entry
 
@@ -356,6 +357,7 @@ class RedisStore(Store):
         return StoreStats(self.backend, self.location, count, None, self.hits, self.misses, info is not None, detail)
 
     def close(self) -> None:
+        writer.flush(self, writer.EXIT_FLUSH_SECONDS)  # writes queued for this store land before it closes
         try:
             self._client.close()
         except redis.RedisError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from prescreen.store import writer
 from prescreen.store.base import Store, StoreStats
 from prescreen.store.entry import Entry
 
@@ -27,17 +28,21 @@ class TieredStore(Store):
         return self.local, self.remote
 
     def get(self, key: str) -> Entry | None:
-        return self._get(lambda store: store.get(key))
+        return self._get(lambda store: store.get(key), later=False)
 
     def lookup(self, key: str) -> Entry | None:
-        return self._get(lambda store: store.lookup(key))
+        """``get`` for a decision: a remote hit is copied to the local tier on the background writer."""
+        return self._get(lambda store: store.lookup(key), later=True)
 
-    def _get(self, read: Callable[[Store], Entry | None]) -> Entry | None:
+    def _get(self, read: Callable[[Store], Entry | None], later: bool) -> Entry | None:
         entry = read(self.local)
         if entry is None:
             entry = read(self.remote)
             if entry is not None:
-                self.local.put(entry)
+                if later:
+                    writer.submit(self.local, entry)
+                else:
+                    self.local.put(entry)
         if entry is None:
             self.misses += 1
         else:
@@ -82,5 +87,6 @@ class TieredStore(Store):
         )
 
     def close(self) -> None:
+        writer.flush(self, writer.EXIT_FLUSH_SECONDS)  # the puts queued through this store, then each tier's own
         self.local.close()
         self.remote.close()

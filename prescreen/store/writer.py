@@ -2,12 +2,14 @@
 
 A hooked compile that decides a plan it has not met must store the decision,
 and a store write is a transaction: on a busy or slow disk it costs several
-milliseconds, on a fleet store a network round trip. ``submit`` queues the
-write and returns at once; a daemon thread makes the puts, in order, and tells
-each caller's ``done`` whether its entry was stored. ``flush`` waits until
+milliseconds (more when SQLite checkpoints its log), on a fleet store a network
+round trip. ``submit`` queues the write and returns at once; a daemon thread
+makes the puts, in order, and tells each caller's ``done`` whether its entry
+was stored. ``call`` queues other write work the same way (a lookup's batched
+hit counts, a tiered store's local copy of a remote hit). ``flush`` waits until
 everything submitted before it has been written; it runs at interpreter exit
-(bounded by ``EXIT_FLUSH_SECONDS``), and before the hooks close or replace
-their store. A process killed outright (SIGKILL) loses what was still queued:
+(bounded by ``EXIT_FLUSH_SECONDS``), when a disk or Redis store is closed, and
+before the hooks replace their store. A process killed outright (SIGKILL) loses what was still queued:
 those decisions are computed again by the next process. Nothing here writes
 an ``observed_oom`` fact: ``service.record_observed_oom`` writes synchronously.
 
@@ -40,14 +42,16 @@ class _Queue:
 
     def __init__(self) -> None:
         self.cond = threading.Condition(threading.Lock())
-        self.items: collections.deque[tuple[Store, Entry, Done]] = collections.deque()
+        self.items: collections.deque[tuple[int, Callable[[], None]]] = collections.deque()
         self.submitted = 0
-        self.written = 0  # submitted items whose put has returned (stored or not)
+        self.written = 0  # submitted items that have run (stored or not)
+        self.by_store: collections.Counter[int] = collections.Counter()  # id(store) -> its items not yet run
         self.thread: threading.Thread | None = None
 
-    def submit(self, store: Store, entry: Entry, done: Done) -> None:
+    def submit(self, store: Store, work: Callable[[], None]) -> None:
         with self.cond:
-            self.items.append((store, entry, done))
+            self.items.append((id(store), work))
+            self.by_store[id(store)] += 1
             self.submitted += 1
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self.run, name="prescreen-store-writer", daemon=True)
@@ -62,18 +66,24 @@ class _Queue:
                     self.cond.wait()
                 batch = list(self.items)
                 self.items.clear()
-            for store, entry, done in batch:
-                stored = _put(store, entry)
+            for store_id, work in batch:
                 try:
-                    done(stored)
-                except Exception:  # a caller's bookkeeping never stops the writer
-                    log.exception("prescreen: a store write's completion callback failed")
-            with self.cond:
-                self.written += len(batch)
-                self.cond.notify_all()
+                    work()
+                except Exception:  # stores never raise on a fault; a bug in one, or in a callback, never stops it
+                    log.exception("prescreen: a queued store write failed")
+                with self.cond:
+                    self.written += 1
+                    self.by_store[store_id] -= 1
+                    if not self.by_store[store_id]:
+                        del self.by_store[store_id]
+                    self.cond.notify_all()
 
-    def flush(self, timeout: float | None) -> bool:
+    def flush(self, store: Store | None, timeout: float | None) -> bool:
+        if threading.current_thread() is self.thread:
+            return False  # queued work that flushes would wait for itself
         with self.cond:
+            if store is not None:
+                return self.cond.wait_for(lambda: id(store) not in self.by_store, timeout)
             target = self.submitted
             return self.cond.wait_for(lambda: self.written >= target, timeout)
 
@@ -85,7 +95,7 @@ class _Queue:
 def _put(store: Store, entry: Entry) -> bool:
     try:
         return store.put(entry)
-    except Exception as exc:  # stores never raise on a fault; a bug in one must not kill the writer
+    except Exception as exc:  # stores never raise on a fault; a bug in one is a write that did not store
         store.warn_once("write failed", exc)
         return False
 
@@ -100,7 +110,7 @@ def _register_exit_flush() -> None:
     global _exit_flush_registered
     if not _exit_flush_registered:
         _exit_flush_registered = True
-        atexit.register(flush, EXIT_FLUSH_SECONDS)
+        atexit.register(flush, None, EXIT_FLUSH_SECONDS)
 
 
 def _after_fork_in_child() -> None:
@@ -111,14 +121,26 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def submit(store: Store, entry: Entry, done: Done) -> None:
+def submit(store: Store, entry: Entry, done: Done | None = None) -> None:
     """Queue ``store.put(entry)``; ``done(stored)`` is called on the writer thread once it returns."""
-    _queue.submit(store, entry, done)
+
+    def work() -> None:
+        stored = _put(store, entry)
+        if done is not None:
+            done(stored)
+
+    _queue.submit(store, work)
 
 
-def flush(timeout: float | None = None) -> bool:
-    """Wait until every write submitted so far has been made; False if ``timeout`` seconds passed first."""
-    return _queue.flush(timeout)
+def call(store: Store, work: Callable[[], None]) -> None:
+    """Queue ``work``, a write of ``store``'s own that never raises on a store fault, behind what is queued."""
+    _queue.submit(store, work)
+
+
+def flush(store: Store | None = None, timeout: float | None = None) -> bool:
+    """Wait until the writes queued so far (for ``store``; for every store when None) are made; False if
+    ``timeout`` seconds passed first, or when called from the writer thread itself."""
+    return _queue.flush(store, timeout)
 
 
 def pending() -> int:
