@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import operator
 from collections.abc import Mapping
 from typing import Literal
 
@@ -57,66 +55,55 @@ class Decision:
             raise ValueError(f"decision must be a mapping, got {type(d).__name__}")
         if d.keys() != _FIELDS:
             raise ValueError(f"decision fields differ: missing {sorted(_FIELDS - set(d))}, extra {sorted(set(d) - _FIELDS)}")
-        values = _field_values(d)
-        (action, bounded, enable_auto_blockify, estimated_bytes, synthetic_bytes, mutated_clone_bytes, budget_bytes,
-         total_memory, ratio, device_kind, reason, largest_group_id, dom, groups, estimator_version) = values
-        # Every field of its plain JSON type is one C pass and a set lookup; anything else (a str subclass
-        # is fine, a bool or a float where an int belongs is not) is checked field by field, and said.
-        if tuple(map(type, values)) not in _PLAIN_TYPES:
-            _check_field_types(d)
+        action = d["action"]
         if action not in ("tune", "fallback"):
             raise ValueError(f"bad action {action!r}")
-        if not 0 < ratio <= 1:
+        ints = {}
+        for key in _INT_FIELDS:
+            v = d[key]
+            if v is not None and v.__class__ is not int:  # bools too
+                raise ValueError(f"{key} must be an int, got {v!r}")
+            ints[key] = v
+        for key in _REQUIRED_INTS:
+            if ints[key] is None:
+                raise ValueError(f"{key} must be an int, got None")
+        for key in ("bounded", "enable_auto_blockify"):
+            if d[key].__class__ is not bool:
+                raise ValueError(f"{key} must be a bool")
+        for key in ("device_kind", "reason"):
+            if not isinstance(d[key], str):
+                raise ValueError(f"{key} must be a string, got {d[key]!r}")
+        ratio = d["ratio"]
+        if ratio.__class__ not in (int, float) or not 0 < ratio <= 1:
             raise ValueError(f"bad ratio {ratio!r}")
-        group_bytes, sizes = _group_pairs(groups)
+        group_bytes, sizes = _group_pairs(d["group_bytes"])
+        dom = d["dominant_arg"]
         decision = Decision(
-            action, bounded, enable_auto_blockify, estimated_bytes, synthetic_bytes, mutated_clone_bytes, budget_bytes,
-            total_memory, float(ratio), device_kind, reason, largest_group_id,
-            None if dom is None else ArgFootprint.from_payload(dom), group_bytes, estimator_version,
+            action=action,
+            bounded=d["bounded"],  # type: ignore[arg-type]
+            enable_auto_blockify=d["enable_auto_blockify"],  # type: ignore[arg-type]
+            estimated_bytes=ints["estimated_bytes"],
+            synthetic_bytes=ints["synthetic_bytes"],
+            mutated_clone_bytes=ints["mutated_clone_bytes"],
+            budget_bytes=ints["budget_bytes"],  # type: ignore[arg-type]
+            total_memory=ints["total_memory"],  # type: ignore[arg-type]
+            ratio=float(ratio),
+            device_kind=d["device_kind"],  # type: ignore[arg-type]
+            reason=d["reason"],  # type: ignore[arg-type]
+            largest_group_id=ints["largest_group_id"],
+            dominant_arg=None if dom is None else ArgFootprint.from_payload(dom),
+            group_bytes=group_bytes,
+            estimator_version=ints["estimator_version"],  # type: ignore[arg-type]
         )
         _check_consistent(decision, sizes)
         return decision
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(Decision))
-_field_values = operator.itemgetter(*(f.name for f in dataclasses.fields(Decision)))
 _INT_FIELDS = ("estimated_bytes", "synthetic_bytes", "mutated_clone_bytes", "budget_bytes", "total_memory",
                "largest_group_id", "estimator_version")
 _REQUIRED_INTS = ("budget_bytes", "total_memory", "estimator_version")
 _INT_ONLY = {int}
-_INT_OR_NONE = (int, type(None))
-# The exact types a decision's fields may have without further checks, in field order: every
-# combination of the optional ints, an int or float ratio, and a dominant arg or none
-# (``ArgFootprint.from_payload`` checks that one) and a list of group pairs (``_group_pairs``).
-_PLAIN_TYPES = frozenset(
-    (str, bool, bool, est, syn, mut, int, int, ratio, str, str, largest, dom, list, int)
-    for est, syn, mut, largest in itertools.product(_INT_OR_NONE, repeat=4)
-    for ratio in (int, float)
-    for dom in (dict, type(None))
-)
-
-
-def _check_field_types(d: Mapping[str, object]) -> None:
-    """The types of a decision's fields, one by one; raises ``ValueError`` naming the first that is off."""
-    action = d["action"]
-    if action not in ("tune", "fallback"):
-        raise ValueError(f"bad action {action!r}")
-    for key in _INT_FIELDS:
-        v = d[key]
-        if v is not None and v.__class__ is not int:  # bools too
-            raise ValueError(f"{key} must be an int, got {v!r}")
-    for key in _REQUIRED_INTS:
-        if d[key] is None:
-            raise ValueError(f"{key} must be an int, got None")
-    for key in ("bounded", "enable_auto_blockify"):
-        if d[key].__class__ is not bool:
-            raise ValueError(f"{key} must be a bool")
-    for key in ("device_kind", "reason"):
-        if not isinstance(d[key], str):
-            raise ValueError(f"{key} must be a string, got {d[key]!r}")
-    ratio = d["ratio"]
-    if ratio.__class__ not in (int, float):
-        raise ValueError(f"bad ratio {ratio!r}")
 
 
 def _group_pairs(groups: object) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:

@@ -40,29 +40,30 @@ class ArgFootprint:
         """Strictly validate a stored arg footprint; raises ``ValueError`` on anything off."""
         if not isinstance(d, dict) or d.keys() != _ARG_FIELDS:
             raise ValueError(f"dominant_arg must be an object with fields {sorted(_ARG_FIELDS)}, got {d!r}")
-        group_id, name, kind, dtype, size, stride, num_bytes = values = _arg_values(d)
-        # Every field of its plain JSON type at once (one C pass); otherwise the checks one by one, which
-        # accept str subclasses and say what is wrong.
-        if tuple(map(type, values)) != _ARG_TYPES:
-            for key in ("name", "kind", "dtype"):
-                if not isinstance(d[key], str):
-                    raise ValueError(f"dominant_arg.{key} must be a string, got {d[key]!r}")
-            for key in ("group_id", "num_bytes"):
-                if d[key].__class__ is not int:  # bools too
-                    raise ValueError(f"dominant_arg.{key} must be an int, got {d[key]!r}")
-        if num_bytes < 0:
-            raise ValueError(f"dominant_arg.num_bytes must be >= 0, got {num_bytes}")
-        for v in (size, stride):
-            if v.__class__ is not list or not set(map(type, v)) <= _INT_ONLY:
-                key = "size" if v is size else "stride"
+        for key in ("name", "kind", "dtype"):
+            if not isinstance(d[key], str):
+                raise ValueError(f"dominant_arg.{key} must be a string, got {d[key]!r}")
+        for key in ("group_id", "num_bytes"):
+            if d[key].__class__ is not int:  # bools too
+                raise ValueError(f"dominant_arg.{key} must be an int, got {d[key]!r}")
+        if d["num_bytes"] < 0:
+            raise ValueError(f"dominant_arg.num_bytes must be >= 0, got {d['num_bytes']}")
+        for key in ("size", "stride"):
+            v = d[key]
+            if v.__class__ is not list or not set(map(type, v)) <= {int}:
                 raise ValueError(f"dominant_arg.{key} must be a list of ints, got {v!r}")
-        return ArgFootprint(group_id, name, kind, dtype, tuple(size), tuple(stride), num_bytes)
+        return ArgFootprint(
+            group_id=d["group_id"],
+            name=d["name"],
+            kind=d["kind"],
+            dtype=d["dtype"],
+            size=tuple(d["size"]),
+            stride=tuple(d["stride"]),
+            num_bytes=d["num_bytes"],
+        )
 
 
 _ARG_FIELDS = frozenset(f.name for f in dataclasses.fields(ArgFootprint))
-_arg_values = operator.itemgetter(*(f.name for f in dataclasses.fields(ArgFootprint)))
-_ARG_TYPES = (int, str, str, str, list, list, int)  # the fields' plain JSON types, in field order
-_INT_ONLY = {int}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
