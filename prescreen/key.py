@@ -192,6 +192,18 @@ class _ConstTexts(dict[int, str]):
         return text
 
 
+class _StringTexts(dict[str, str]):
+    """A string -> its JSON text (json's encoder: TypeError for anything but a str, as ``_s``)."""
+
+    def __missing__(self, value: str) -> str:
+        text = _quote(value)
+        if len(self) >= LEAF_MEMO_SIZE:
+            self.clear()
+        self[value] = text
+        return text
+
+
+_string_texts = _StringTexts()  # the device, dtype and name of tensors: few distinct ones in a process
 _axis_texts = _AxisTexts()
 _const_texts = _ConstTexts()
 
@@ -247,7 +259,8 @@ def _arg_text(arg: object) -> str:
         source = _TENSOR_SOURCES.get(a.source)
         if source is None:
             raise _Other
-        return (f'{{"device":{_s(a.device)},"dtype":{_s(a.dtype)},"kind":"tensor","name":{_s(a.name)},'
+        texts = _string_texts
+        return (f'{{"device":{texts[a.device]},"dtype":{texts[a.dtype]},"kind":"tensor","name":{texts[a.name]},'
                 f'"size_exprs":[{_exprs_text(a.size)}],"source":{source},"stride_exprs":[{_exprs_text(a.stride)}]}}')
     if kind is WorkspaceArg:
         w: WorkspaceArg = arg  # type: ignore[assignment]

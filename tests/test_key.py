@@ -134,14 +134,17 @@ def test_leaf_tables_start_over_when_full(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(key, "LEAF_MEMO_SIZE", 4)
     key._axis_texts.clear()
     key._const_texts.clear()
+    key._string_texts.clear()
     plan = KernelPlan.from_payload(upstream_meta())
     arg = plan.args[0]
     assert isinstance(arg, TensorArg)
     for i in range(20):
         size = (Axis(f"a{i}"), Const(i), Axis(f"a{i % 3}"))
-        odd = dataclasses.replace(plan, args=(dataclasses.replace(arg, size=size), *plan.args[1:]))
+        odd_arg = dataclasses.replace(arg, size=size, name=f"t{i}", device=f"npu:{i % 5}")
+        odd = dataclasses.replace(plan, args=(odd_arg, *plan.args[1:]))
         assert canonical_texts(odd) == slow_texts(odd)
-        assert len(key._axis_texts) <= 4 and len(key._const_texts) <= 4
+        assert payload_text(odd) == canonical_json(odd.to_payload())
+        assert len(key._axis_texts) <= 4 and len(key._const_texts) <= 4 and len(key._string_texts) <= 4
 
 
 class Name_(str):
