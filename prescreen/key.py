@@ -140,8 +140,9 @@ def family_hash(plan: KernelPlan) -> str:
 # shape are common, but finding them costs more than writing them: a frozen dataclass's
 # ``__hash__`` and ``__eq__`` are Python functions, recursive over the tree. So each node is
 # written, with no memo of whole shapes; the text of a leaf (an axis by its name, a constant
-# by its value: both hash in C) comes from a small process-wide table instead, and an axis
-# among a tuple's items or a product's operands is written without a call.
+# by its value: both hash in C) comes from a small process-wide table instead, as do a tensor's
+# device, dtype and name, and the usual nodes among a list's items (axes, constants, products)
+# are written without a call of their own.
 
 _quote = json.encoder.encode_basestring_ascii
 _int_text = int.__repr__
