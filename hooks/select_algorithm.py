@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -83,6 +84,19 @@ def _grows(e: Any) -> bool:
     return False
 
 
+# A graph's symbols keep their hints for its whole lowering; reading one (a sympy substitution) is the
+# largest part of building a plan, and every selection and fusion step of the graph reads the same few.
+_hints_by_graph: "weakref.WeakKeyDictionary[Any, dict[Any, int]]" = weakref.WeakKeyDictionary()
+
+
+def _symbol_hints(sizevars: Any) -> dict[Any, int]:
+    """The hints already read of ``sizevars``' symbols (dropped with it)."""
+    try:
+        return _hints_by_graph.setdefault(sizevars, {})
+    except TypeError:  # not weakly referenceable: nothing is kept
+        return {}
+
+
 class _Converter:
     """Turns IR sizes into expressions over axes named after their symbols.
 
@@ -99,9 +113,12 @@ class _Converter:
         self.scheme = families.active_scheme()
         self.statics: dict[str, int] = {}
         self.labels: dict[str, str] = {}
+        self.symbol_hints = _symbol_hints(sizevars)
 
     def _family(self, sym: Any) -> int:
-        hint = self.hint(sym)
+        hint = self.symbol_hints.get(sym)
+        if hint is None:
+            hint = self.symbol_hints[sym] = self.hint(sym)
         bucket = families.bucket_for(hint, self.scheme, *families.symbol_range(self.shape_env, sym))
         if hint in bucket and not (bucket.exact and self.scheme.kind == "exact"):
             name = families.name_for(hint) or _source_name(self.shape_env, sym) or sym.name

@@ -223,3 +223,31 @@ def test_channels_last_input_needs_one_workspace_copy() -> None:
     nhwc, nchw = Node([65536, 1, 2048, 64]), Node([65536, 1024, 32, 1])
     assert sel.extern_workspace_copies("convolution", cuda, Conv(), nhwc) == 1
     assert sel.extern_workspace_copies("convolution", cuda, Conv(), nchw) == 2
+
+
+def test_a_graphs_symbol_hints_are_read_once_for_all_its_plans() -> None:
+    """Reading a hint is a sympy substitution: every plan of one graph shares what was read (not another graph)."""
+    import sympy
+
+    from prescreen.expr import Axis, Mul
+
+    s0 = sympy.Symbol("s0", positive=True, integer=True)
+
+    class SizeVars:
+        def __init__(self, hint: int) -> None:
+            self.hint, self.calls = hint, 0
+            self.shape_env = None
+
+        def size_hint(self, e: Any, fallback: int = 0) -> int:
+            self.calls += 1
+            return int(sympy.sympify(e).subs({s0: self.hint}))
+
+        optimization_hint = size_hint
+
+    graph, other = SizeVars(3000), SizeVars(100)
+    first, second = sel._Converter(graph), sel._Converter(graph)
+    assert first.expr(s0 * 4) == Mul((Const(4), Axis("s0")))
+    assert second.expr(s0) == Axis("s0")
+    assert first.statics == second.statics == {"s0": 4096} and graph.calls == 1  # pow2 bucket (2048, 4096]
+    third = sel._Converter(other)
+    assert third.expr(s0) == Axis("s0") and third.statics == {"s0": 128} and other.calls == 1
