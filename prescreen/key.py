@@ -11,6 +11,7 @@ import math
 import threading
 from collections.abc import Callable
 from importlib import metadata
+from typing import TypeVar
 
 from prescreen.budget import Budget
 from prescreen.decision import ESTIMATOR_VERSION
@@ -167,46 +168,33 @@ def _i(value: object) -> str:
 LEAF_MEMO_SIZE = 1024
 
 
-class _AxisTexts(dict[str, str]):
-    """Axis name -> ``{"axis_name":NAME}``.
+K = TypeVar("K")
 
-    Only strings get in (json's encoder raises TypeError for anything else, and the caller then
-    takes the general path); a str subclass finds the text of the equal str, which is its own.
+
+class _LeafTexts(dict[K, str]):
+    """A bounded table: a leaf value -> its JSON text, written by ``write`` the first time (cleared when full).
+
+    Strings: json's encoder raises TypeError for anything but a str (the caller then takes the
+    general path), and a str subclass finds the text of the equal str, which is its own. Constants:
+    callers look up exact ints only (``True == 1``).
     """
 
-    def __missing__(self, name: str) -> str:
-        text = '{"axis_name":' + _quote(name) + "}"
-        if len(self) >= LEAF_MEMO_SIZE:
-            self.clear()
-        self[name] = text
-        return text
+    def __init__(self, write: Callable[[K], str]) -> None:
+        super().__init__()
+        self.write = write
 
-
-class _ConstTexts(dict[int, str]):
-    """Exact ``int`` constant -> ``{"const":VALUE}`` (callers look up exact ints only: ``True == 1``)."""
-
-    def __missing__(self, value: int) -> str:
-        text = '{"const":' + _int_text(value) + "}"
+    def __missing__(self, value: K) -> str:
+        text = self.write(value)
         if len(self) >= LEAF_MEMO_SIZE:
             self.clear()
         self[value] = text
         return text
 
 
-class _StringTexts(dict[str, str]):
-    """A string -> its JSON text (json's encoder: TypeError for anything but a str, as ``_s``)."""
-
-    def __missing__(self, value: str) -> str:
-        text = _quote(value)
-        if len(self) >= LEAF_MEMO_SIZE:
-            self.clear()
-        self[value] = text
-        return text
-
-
-_string_texts = _StringTexts()  # the device, dtype and name of tensors: few distinct ones in a process
-_axis_texts = _AxisTexts()
-_const_texts = _ConstTexts()
+# the device, dtype and name of tensors: few distinct ones in a process
+_string_texts: _LeafTexts[str] = _LeafTexts(_quote)
+_axis_texts: _LeafTexts[str] = _LeafTexts(lambda name: '{"axis_name":' + _quote(name) + "}")
+_const_texts: _LeafTexts[int] = _LeafTexts(lambda value: '{"const":' + _int_text(value) + "}")
 
 
 def _expr_text(expr: Expr) -> str:
