@@ -84,17 +84,43 @@ def _grows(e: Any) -> bool:
     return False
 
 
-# A graph's symbols keep their hints for its whole lowering; reading one (a sympy substitution) is the
-# largest part of building a plan, and every selection and fusion step of the graph reads the same few.
-_hints_by_graph: "weakref.WeakKeyDictionary[Any, dict[Any, int]]" = weakref.WeakKeyDictionary()
+class _SymbolFacts:
+    """What plans of one graph read of its symbols, read once: reading a hint (a sympy substitution) or a
+    value range (``ShapeEnv.bound_sympy``) is most of building a plan, and every selection and fusion
+    step of the graph reads the same few symbols.
+
+    A hint never changes during a graph's lowering. A range may narrow (a guard refines it), so one is
+    reused only while the ShapeEnv still holds the very ``ValueRanges`` object it was read from (a
+    refinement replaces that object; ``bound_sympy`` of a symbol depends on nothing else).
+    """
+
+    __slots__ = ("hints", "ranges")
+
+    def __init__(self) -> None:
+        self.hints: dict[Any, int] = {}
+        self.ranges: dict[Any, tuple[object, tuple[int | None, int | None]]] = {}
+
+    def symbol_range(self, shape_env: Any, sym: Any) -> tuple[int | None, int | None]:
+        table = getattr(shape_env, "var_to_range", None)
+        source = table.get(sym) if isinstance(table, dict) else None
+        found = self.ranges.get(sym)
+        if found is not None and source is not None and found[0] is source:
+            return found[1]
+        bounds = families.symbol_range(shape_env, sym)
+        if source is not None:
+            self.ranges[sym] = (source, bounds)
+        return bounds
 
 
-def _symbol_hints(sizevars: Any) -> dict[Any, int]:
-    """The hints already read of ``sizevars``' symbols (dropped with it)."""
+_facts_by_graph: "weakref.WeakKeyDictionary[Any, _SymbolFacts]" = weakref.WeakKeyDictionary()
+
+
+def _symbol_facts(sizevars: Any) -> _SymbolFacts:
+    """The facts already read of ``sizevars``' symbols (dropped with it)."""
     try:
-        return _hints_by_graph.setdefault(sizevars, {})
+        return _facts_by_graph.setdefault(sizevars, _SymbolFacts())
     except TypeError:  # not weakly referenceable: nothing is kept
-        return {}
+        return _SymbolFacts()
 
 
 class _Converter:
@@ -113,13 +139,13 @@ class _Converter:
         self.scheme = families.active_scheme()
         self.statics: dict[str, int] = {}
         self.labels: dict[str, str] = {}
-        self.symbol_hints = _symbol_hints(sizevars)
+        self.facts = _symbol_facts(sizevars)
 
     def _family(self, sym: Any) -> int:
-        hint = self.symbol_hints.get(sym)
+        hint = self.facts.hints.get(sym)
         if hint is None:
-            hint = self.symbol_hints[sym] = self.hint(sym)
-        bucket = families.bucket_for(hint, self.scheme, *families.symbol_range(self.shape_env, sym))
+            hint = self.facts.hints[sym] = self.hint(sym)
+        bucket = families.bucket_for(hint, self.scheme, *self.facts.symbol_range(self.shape_env, sym))
         if hint in bucket and not (bucket.exact and self.scheme.kind == "exact"):
             name = families.name_for(hint) or _source_name(self.shape_env, sym) or sym.name
             self.labels[sym.name] = bucket.describe(name)

@@ -251,3 +251,42 @@ def test_a_graphs_symbol_hints_are_read_once_for_all_its_plans() -> None:
     assert first.statics == second.statics == {"s0": 4096} and graph.calls == 1  # pow2 bucket (2048, 4096]
     third = sel._Converter(other)
     assert third.expr(s0) == Axis("s0") and third.statics == {"s0": 128} and other.calls == 1
+
+
+def test_a_symbols_range_is_read_again_once_a_guard_narrows_it() -> None:
+    """A range is reused only while the ShapeEnv holds the very object it was read from."""
+    import sympy
+
+    s0 = sympy.Symbol("s0", positive=True, integer=True)
+
+    class Range:
+        def __init__(self, lower: int, upper: int) -> None:
+            self.lower, self.upper = lower, upper
+
+    class ShapeEnv:
+        def __init__(self) -> None:
+            self.var_to_range = {s0: Range(2, 10**9)}
+            self.reads = 0
+
+        def bound_sympy(self, e: Any) -> Range:
+            self.reads += 1
+            return self.var_to_range[e]
+
+    class SizeVars:
+        def __init__(self) -> None:
+            self.shape_env = ShapeEnv()
+
+        def size_hint(self, e: Any, fallback: int = 0) -> int:
+            return int(sympy.sympify(e).subs({s0: 3000}))
+
+        optimization_hint = size_hint
+
+    graph = SizeVars()
+    first = sel._Converter(graph)
+    first.expr(s0)
+    sel._Converter(graph).expr(s0 * 2)
+    assert first.statics == {"s0": 4096} and graph.shape_env.reads == 1
+    graph.shape_env.var_to_range[s0] = Range(2, 3500)  # a guard narrowed it: a new object
+    narrowed = sel._Converter(graph)
+    narrowed.expr(s0)
+    assert narrowed.statics == {"s0": 3500} and graph.shape_env.reads == 2
