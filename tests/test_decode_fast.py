@@ -1,28 +1,26 @@
-"""The decoding of a lookup accepts exactly what the field-by-field checks accept, and builds the same values.
+"""A lookup's decoding: hostile decisions are refused cleanly, and ``parse_json`` is json's decoder.
 
-``_plain_entry`` reads a usual entry in a few passes and leaves anything else to
-``Entry._checked_fields``; ``parse_json`` calls json's scanner directly. Each is compared here with the
-plain version on hostile edits of valid values: the same result, or the same error. A hostile decision is
-a ValueError (which the entry decoder turns into a miss) or a decision that round-trips.
+``parse_json`` calls json's scanner directly: it is compared here with the plain decoder, the same
+result or the same error. A hostile decision is a ValueError (which the entry decoder turns into a
+miss) or a decision that round-trips.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import math
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_store_support import BUDGET, entry_fields, make_entry, make_plan
+from test_store_support import BUDGET, make_plan
 
 from prescreen.budget import Budget
 from prescreen.decision import Decision, decide, is_observed_oom
 from prescreen.footprint import ArgFootprint
 from prescreen.store import entry as entry_module
-from prescreen.store.entry import Entry, InvalidEntry, parse_json
+from prescreen.store.entry import InvalidEntry, parse_json
 
 _FIELDS = frozenset(Decision.__dataclass_fields__)
 _ARG_FIELDS = frozenset(ArgFootprint.__dataclass_fields__)
@@ -120,58 +118,6 @@ def test_str_subclasses_are_accepted() -> None:
     payload["device_kind"], payload["reason"] = Name("npu"), Name(payload["reason"])
     payload["dominant_arg"]["name"] = Name(payload["dominant_arg"]["name"])
     assert Decision.from_payload(payload) == Decision.from_payload(PAYLOADS[0])
-
-
-# --- Entries ---------------------------------------------------------------------------------------
-
-ENTRIES = [entry_fields(make_entry(seed, n_args=2, n_buckets=b).to_json()) for seed, b in ((1, 2), (2, 3), (3, 1))]
-ENTRY_FIELDS = sorted(ENTRIES[0])
-ENTRY_PATHS = ([(k,) for k in ENTRY_FIELDS] + [("parts", k) for k in sorted(ENTRIES[0]["parts"])]
-               + [("parts", "versions", "torch"), ("parts", "versions", "x"), ("decision", "ratio"),
-                  ("decision", "group_bytes", 0, 1), ("family", "group_count")])
-
-
-@settings(max_examples=1500, deadline=None)
-@given(edited(ENTRIES, ENTRY_PATHS))
-def test_plain_entry_accepts_only_what_the_field_by_field_check_accepts(d: Any) -> None:
-    plain = outcome(entry_module._plain_entry, d)
-    checked = outcome(Entry._checked_fields, d)
-    assert plain[0] == "ok"  # it answers None for anything it does not take, never raises
-    if plain[1] is not None:
-        assert checked == plain
-    if checked[0] == "error":
-        assert plain[1] is None
-
-
-@settings(max_examples=600, deadline=None)
-@given(edited(ENTRIES, ENTRY_PATHS))
-def test_entry_from_payload_answers_as_the_field_by_field_check(d: Any) -> None:
-    key = ENTRIES[0]["key"]
-    with_plain = outcome(Entry.from_payload, d, key)
-    original = entry_module._plain_entry
-    entry_module._plain_entry = lambda d: None  # type: ignore[assignment]
-    try:
-        without = outcome(Entry.from_payload, d, key)
-    finally:
-        entry_module._plain_entry = original
-    assert with_plain == without
-
-
-def test_usual_entries_take_the_plain_path() -> None:
-    for d in ENTRIES:
-        found = entry_module._plain_entry(d)
-        assert found is not None and found == Entry._checked_fields(d)
-    without_hits = {k: v for k, v in ENTRIES[0].items() if k != "hits"}
-    assert entry_module._plain_entry(without_hits) is None
-    assert Entry.from_payload(without_hits, ENTRIES[0]["key"]).hits == 0
-
-
-def test_entry_ratio_and_times_at_the_edges() -> None:
-    d = copy.deepcopy(ENTRIES[0])
-    for value in (2**63 - 1, -(2**63) + 1, 2**63, math.inf, math.nan, 1e300, 0, -5.5):
-        d["created_at"] = value
-        plain, checked = outcome(entry_module._plain_entry, d), outcome(Entry._checked_fields, d)
-        assert plain[1] is None if checked[0] == "error" else plain == checked
 
 
 # --- parse_json ------------------------------------------------------------------------------------

@@ -14,10 +14,8 @@ plan is decoded, ``dynamic`` must match it.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import math
-import operator
 import os
 import socket
 import time
@@ -146,11 +144,7 @@ class Entry:
         schema = d.get("schema_version")
         if schema != SCHEMA_VERSION:
             raise InvalidEntry(f"entry has schema {schema!r}, this prescreen reads schema {SCHEMA_VERSION}")
-        plain = _plain_entry(d)
-        if plain is not None:
-            key, parts, decision, dynamic, family, entry = plain
-        else:
-            key, parts, decision, dynamic, family, entry = Entry._checked_fields(d)
+        key, parts, decision, dynamic, family, entry = Entry._checked_fields(d)
         if known_parts(key) != parts and parts.digest() != key:  # parts this process digested into key: equal
             raise InvalidEntry("entry key does not match its key parts")
         if expected_key is not None and key != expected_key:
@@ -177,7 +171,7 @@ class Entry:
     def _checked_fields(
         d: Mapping[Any, Any],
     ) -> tuple[str, KeyParts, Decision, bool, dict[str, object] | None, "Entry"]:
-        """An entry's fields, each checked on its own (see ``_plain_entry`` for the usual case); raises."""
+        """An entry's fields, each checked on its own; raises."""
         try:
             raw_parts = d["parts"]
             versions = raw_parts["versions"]
@@ -314,64 +308,6 @@ def _versions(versions: Mapping[object, object]) -> tuple[tuple[str, str], ...]:
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs):
         raise InvalidEntry("parts.versions must map names to version strings")
     return tuple(pairs)  # type: ignore[arg-type]
-
-
-# --- The usual entry, checked in a few C passes ------------------------------------------------------
-#
-# ``Entry._checked_fields`` checks each field on its own, with a helper call per field: a third of a
-# lookup's decoding. An entry as ``to_json`` writes it has every field of one plain JSON type, so
-# ``_plain_entry`` reads them all with one ``itemgetter`` and checks their exact types as one tuple
-# (a set lookup), then the ranges. It accepts only what ``_checked_fields`` accepts, builds the same
-# entry, and answers None for anything else (a str subclass, a missing ``hits``, a bad value), which
-# ``_checked_fields`` then checks again and names.
-
-_entry_values = operator.itemgetter("key", "plan", "kernel", "host", "dynamic", "pid", "hits", "created_at", "family",
-                                    "parts", "decision")
-_parts_values = operator.itemgetter("plan_hash", "family_hash", "device_kind", "total_memory", "ratio",
-                                    "schema_version", "estimator_version", "versions")
-_NONE = type(None)
-_ENTRY_TYPES = frozenset(
-    (str, str, str, str, bool, int, int, created, family, dict, dict)
-    for created in (float, int) for family in (dict, _NONE)
-)
-_PARTS_TYPES = frozenset((str, str, str, int, ratio, int, int, dict) for ratio in (float, int))
-_STR_ONLY = {str}
-_chain = itertools.chain.from_iterable
-_DECODE_ERRORS = (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError, RecursionError)
-
-
-def _plain_entry(d: Mapping[str, object]) -> tuple[str, KeyParts, Decision, bool, dict[str, object] | None, Entry] | None:
-    """``Entry._checked_fields(d)`` for an entry whose every field has its plain JSON type; else None."""
-    if d.__class__ is not dict:
-        return None
-    try:
-        values = _entry_values(d)
-        raw_parts = values[9]
-        if raw_parts.__class__ is not dict:
-            return None
-        part_values = _parts_values(raw_parts)
-    except KeyError:
-        return None
-    if tuple(map(type, values)) not in _ENTRY_TYPES or tuple(map(type, part_values)) not in _PARTS_TYPES:
-        return None
-    key, plan_text, kernel, host, dynamic, pid, hits, created_at, family, _, raw_decision = values
-    plan_hash, family_hash, device_kind, total_memory, ratio, schema_version, estimator_version, versions = part_values
-    limit = _INT_LIMIT
-    # The ranges of ``_int`` and ``_finite`` (a NaN fails every comparison; an infinity is out of range).
-    if not (0 <= total_memory < limit and 0 <= schema_version < limit and 0 <= estimator_version < limit
-            and 0 <= pid < limit and 0 <= hits < limit and -limit < ratio < limit and -limit < created_at < limit):
-        return None
-    items = tuple(versions.items())
-    if not set(map(type, _chain(items))) <= _STR_ONLY:
-        return None
-    try:
-        decision = Decision.from_payload(raw_decision)
-    except _DECODE_ERRORS:
-        return None  # ``_checked_fields`` says what is wrong
-    parts = KeyParts(plan_hash, family_hash, device_kind, total_memory, float(ratio), schema_version,
-                     estimator_version, tuple(sorted(items)))  # exact str names: sorted as ``_versions`` sorts
-    entry = Entry(key, parts, kernel, plan_text, dynamic, family, decision, float(created_at), host, pid, hits)
-    return key, parts, decision, dynamic, family, entry
 
 
 def _check_depth(value: object, what: str) -> None:
