@@ -305,19 +305,35 @@ class GuardClock:
 
 
 def trace_lookups() -> None:
-    """With ``--trace-lookups``: one line per lookup that reads the store or decides (plan, groups, hit, ms)."""
+    """With ``--trace-lookups``: one line per lookup that reads the store or decides (plan, groups, hit, ms),
+    with the garbage collector's time inside it and the threads alive (others may hold the GIL)."""
+    import gc
+    import threading
+
     from prescreen import service
 
     inner = service._lookup_or_decide
+    collected = {"seconds": 0.0, "start": 0.0}
+
+    def on_gc(phase: str, _info: dict[str, Any]) -> None:
+        if phase == "start":
+            collected["start"] = time.perf_counter()
+        else:
+            collected["seconds"] += time.perf_counter() - collected["start"]
+
+    gc.callbacks.append(on_gc)
 
     def traced(plan: Any, budget: Any, store: Any, write: bool, wait: bool) -> Any:
-        start = time.perf_counter()
+        start, gc_before = time.perf_counter(), collected["seconds"]
         out = inner(plan, budget, store, write, wait)
+        elapsed = time.perf_counter() - start
         groups = 1
         for feature in plan.group_features:
             groups *= len(feature.buckets) + 1
         print(f"  lookup {plan.kernel_name[:40]:40s} features {len(plan.group_features)} groups <= {groups} "
-              f"args {len(plan.args)} hit {out.hit} {1e3 * (time.perf_counter() - start):.2f} ms", flush=True)
+              f"args {len(plan.args)} hit {out.hit} {1e3 * elapsed:.2f} ms "
+              f"(gc {1e3 * (collected['seconds'] - gc_before):.2f} ms; threads {threading.active_count()})",
+              flush=True)
         return out
 
     service._lookup_or_decide = traced
