@@ -85,20 +85,23 @@ def _grows(e: Any) -> bool:
 
 
 class _SymbolFacts:
-    """What plans of one graph read of its symbols, read once: reading a hint (a sympy substitution) or a
-    value range (``ShapeEnv.bound_sympy``) is most of building a plan, and every selection and fusion
-    step of the graph reads the same few symbols.
+    """What plans of one graph read of its symbols and sizes, read once: reading a hint (a sympy
+    substitution) or a value range (``ShapeEnv.bound_sympy``), and converting a size, is most of
+    building a plan, and every selection and fusion step of the graph reads the same few.
 
     A hint never changes during a graph's lowering. A range may narrow (a guard refines it), so one is
     reused only while the ShapeEnv still holds the very ``ValueRanges`` object it was read from (a
     refinement replaces that object; ``bound_sympy`` of a symbol depends on nothing else).
     """
 
-    __slots__ = ("hints", "ranges")
+    __slots__ = ("hints", "ranges", "exprs")
 
     def __init__(self) -> None:
         self.hints: dict[Any, int] = {}
         self.ranges: dict[Any, tuple[object, tuple[int | None, int | None]]] = {}
+        # sympy expression -> (its symbols, the plan expression): a pure function of the expression and
+        # the hints, which never change during the graph's lowering
+        self.exprs: dict[Any, tuple[tuple[Any, ...], Expr]] = {}
 
     def symbol_range(self, shape_env: Any, sym: Any) -> tuple[int | None, int | None]:
         table = getattr(shape_env, "var_to_range", None)
@@ -156,9 +159,15 @@ class _Converter:
         if isinstance(e, int):
             return Const(int(e))
         e = sympy.sympify(e)
-        for sym in e.free_symbols:
+        found = self.facts.exprs.get(e)
+        if found is None:
+            found = self.facts.exprs[e] = (tuple(e.free_symbols), self._convert(e))
+        for sym in found[0]:
             if sym.name not in self.statics:
                 self.statics[sym.name] = self._family(sym)
+        return found[1]
+
+    def _convert(self, e: Any) -> Expr:
         try:
             converted = expr_from_sympy(e)
         except NotBounded:
