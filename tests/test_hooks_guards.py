@@ -249,6 +249,9 @@ def test_a_graphs_symbol_hints_are_read_once_for_all_its_plans() -> None:
     assert first.expr(s0 * 4) == Mul((Const(4), Axis("s0")))
     assert second.expr(s0) == Axis("s0")
     assert first.statics == second.statics == {"s0": 4096} and graph.calls == 1  # pow2 bucket (2048, 4096]
+    again = sel._Converter(graph)  # a conversion already made in this graph still names its symbols
+    assert again.expr(s0 * 4) == Mul((Const(4), Axis("s0"))) and again.statics == {"s0": 4096}
+    assert again.labels == first.labels and graph.calls == 1
     third = sel._Converter(other)
     assert third.expr(s0) == Axis("s0") and third.statics == {"s0": 128} and other.calls == 1
 
