@@ -1,0 +1,77 @@
+"""Where the guard's own time goes in a CUDA compile: the pieces of prescreen's wrappers, timed.
+
+Runs ``gpu_coverage.py``'s cases (same settings) with timers around the functions
+the wrappers call (building selection, fusion and runtime-autotune plans, the
+budget, the lookups, the store's SQLite read) and prints each one's total time
+and call count at the end. The timers' own cost falls inside the guard time the
+coverage rows print, so those rows read a little high here; use
+``gpu_coverage.py`` for the guard share itself.
+
+    python bench/gpu_guard_pieces.py --cases mm_epilogue,conv1d [--json out.json]
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import functools
+import os
+import sys
+import time
+from types import ModuleType
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import gpu_coverage  # noqa: E402
+
+from prescreen import service  # noqa: E402
+from prescreen.hooks import select_algorithm, state, triton_autotune  # noqa: E402
+from prescreen.store import disk  # noqa: E402
+
+totals: collections.Counter[str] = collections.Counter()
+calls: collections.Counter[str] = collections.Counter()
+
+PIECES: dict[ModuleType, tuple[str, ...]] = {
+    select_algorithm: ("_is_benchmarked_fusion", "plans_for_fusion", "_kernel_args", "_graph_tensor",
+                       "_benchmark_plan", "_fusion_kernels", "plan_for_selection", "flush_buffer_bytes",
+                       "lookup_or_decide"),
+    triton_autotune: ("plan_for_autotuner", "_device_of", "_named_args", "_peak_headroom", "_device_clones",
+                      "lookup_or_decide"),
+    state: ("budget_for", "get_store", "log_once"),
+    service: ("build_key", "try_representatives", "decide_with"),
+}
+
+
+def _timed(label: str, fn: Any) -> Any:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            totals[label] += time.perf_counter() - start
+            calls[label] += 1
+
+    return wrapper
+
+
+def install_timers() -> None:
+    """Wrap every piece (module globals, so the wrappers' calls go through the timers)."""
+    for module, names in PIECES.items():
+        short = module.__name__.rsplit(".", 1)[-1]
+        for name in names:
+            setattr(module, name, _timed(f"{short}.{name}", getattr(module, name)))
+    disk.DiskStore._read = _timed("DiskStore._read (SQLite)", disk.DiskStore._read)  # type: ignore[method-assign]
+
+
+def report() -> None:
+    print("== pieces: total ms, calls")
+    for label, seconds in totals.most_common():
+        print(f"  {1e3 * seconds:9.3f} ms {calls[label]:5d}  {label}")
+
+
+if __name__ == "__main__":
+    install_timers()
+    atexit.register(report)
+    gpu_coverage.main()
