@@ -20,7 +20,6 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from prescreen.decision import Decision
 from prescreen.key import SCHEMA_VERSION, KeyParts, family_hash, known_parts, payload_text
@@ -144,34 +143,6 @@ class Entry:
         schema = d.get("schema_version")
         if schema != SCHEMA_VERSION:
             raise InvalidEntry(f"entry has schema {schema!r}, this prescreen reads schema {SCHEMA_VERSION}")
-        key, parts, decision, dynamic, family, entry = Entry._checked_fields(d)
-        if known_parts(key) != parts and parts.digest() != key:  # parts this process digested into key: equal
-            raise InvalidEntry("entry key does not match its key parts")
-        if expected_key is not None and key != expected_key:
-            raise InvalidEntry(f"entry is stored under {expected_key[:12]} but carries key {key[:12]}")
-        if decision.estimator_version != parts.estimator_version:
-            raise InvalidEntry("decision and key disagree on the estimator version")
-        if expected_key is None:
-            # A listing, an import or a bundle: decode the stored plan and re-derive the hashes
-            # and the dynamic flag from it. (On a lookup, the family's depth is bounded by the
-            # JSON parser's recursion limit, caught as invalid.)
-            _check_depth(family, "family")
-            stored_plan = KernelPlan.from_payload(_decode_plan(entry.plan_text))
-            if stored_plan.plan_hash() != parts.plan_hash or family_hash(stored_plan) != parts.family_hash:
-                raise InvalidEntry("stored plan does not hash to the key's plan and family hashes")
-            if stored_plan.is_dynamic != dynamic:
-                raise InvalidEntry("entry's dynamic flag does not match its stored plan")
-        # On a lookup the caller derived ``expected_key`` from its own plan, and the key is the
-        # digest of the parts, so the parts' hashes are the caller's plan's; the stored plan text
-        # is not decoded (the service checks ``dynamic`` against the caller's plan).
-        check_decision(decision, parts, dynamic)
-        return entry
-
-    @staticmethod
-    def _checked_fields(
-        d: Mapping[Any, Any],
-    ) -> tuple[str, KeyParts, Decision, bool, dict[str, object] | None, "Entry"]:
-        """An entry's fields, each checked on its own; raises."""
         try:
             raw_parts = d["parts"]
             versions = raw_parts["versions"]
@@ -213,7 +184,27 @@ class Entry:
             raise
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError) as exc:
             raise InvalidEntry(f"malformed entry: {exc!r}") from None
-        return key, parts, decision, dynamic, family, entry
+        if known_parts(key) != parts and parts.digest() != key:  # parts this process digested into key: equal
+            raise InvalidEntry("entry key does not match its key parts")
+        if expected_key is not None and key != expected_key:
+            raise InvalidEntry(f"entry is stored under {expected_key[:12]} but carries key {key[:12]}")
+        if decision.estimator_version != parts.estimator_version:
+            raise InvalidEntry("decision and key disagree on the estimator version")
+        if expected_key is None:
+            # A listing, an import or a bundle: decode the stored plan and re-derive the hashes
+            # and the dynamic flag from it. (On a lookup, the family's depth is bounded by the
+            # JSON parser's recursion limit, caught as invalid.)
+            _check_depth(family, "family")
+            stored_plan = KernelPlan.from_payload(_decode_plan(plan_text))
+            if stored_plan.plan_hash() != parts.plan_hash or family_hash(stored_plan) != parts.family_hash:
+                raise InvalidEntry("stored plan does not hash to the key's plan and family hashes")
+            if stored_plan.is_dynamic != dynamic:
+                raise InvalidEntry("entry's dynamic flag does not match its stored plan")
+        # On a lookup the caller derived ``expected_key`` from its own plan, and the key is the
+        # digest of the parts, so the parts' hashes are the caller's plan's; the stored plan text
+        # is not decoded (the service checks ``dynamic`` against the caller's plan).
+        check_decision(decision, parts, dynamic)
+        return entry
 
     @staticmethod
     def from_json(text: str | bytes, expected_key: str | None = None, signer: Signer | None = None) -> "Entry":
