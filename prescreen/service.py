@@ -299,22 +299,21 @@ def _lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, wri
     family = None if isinstance(reps, NotBounded) else family_summary(reps)
     entry = Entry.new(key, parts, plan, family, decision)
     if store is not None and write:
+        _remember(store, key, entry)  # taken back by ``_written`` if the put does not store it
         if wait:
-            _written(store, key, entry, store.put(entry))
+            _written(store, key, store.put(entry))
         else:
-            _remember(store, key, entry)  # taken back by ``_written`` if the put does not store it
-            writer.submit(store, entry, lambda stored: _written(store, key, entry, stored, queued=True))
+            writer.submit(store, entry, lambda stored: _written(store, key, stored))
     with _lock:
         COUNTERS.count(decision)
     return _observed(Outcome(key, decision, False, entry), plan)
 
 
-def _written(store: Store, key: str, entry: Entry, stored: bool, *, queued: bool = False) -> None:
-    """Book a put of ``entry``: counted when stored; when not (a valid entry got there first, maybe
-    another process's observed_oom, or the store is failing), what the store holds is read next time."""
+def _written(store: Store, key: str, stored: bool) -> None:
+    """Book the put of the entry remembered under ``key``: counted when stored; when not (a valid entry got
+    there first, maybe another process's observed_oom, or the store is failing), what the store holds is
+    read next time."""
     if stored:
-        if not queued:
-            _remember(store, key, entry)
         with _lock:
             COUNTERS.stored += 1
     else:
