@@ -1143,8 +1143,8 @@ def _top(poly: Poly, col: Sequence[int], low: int, high: int) -> tuple[int, int]
 def _run_line(program: "FootprintProgram", line: _Line, col: tuple[int, ...]) -> Footprint | None:
     """The line path's footprint of the groups over ``col``; None to leave the call to ``_run_compiled``.
 
-    Written for a small call's fixed cost: plain loops (cheaper than comprehensions on a few groups) and the
-    result objects set through their slots right here.
+    Written for a small call's fixed cost: plain loops (cheaper than comprehensions on a few groups), and the
+    result objects built through their slots (``_footprint``, ``_arg_footprint``).
     """
     lo, hi, zeros = line.lo, line.hi, line.zeros
     if lo is not None and min(col) < lo or hi is not None and max(col) > hi:
@@ -1163,7 +1163,7 @@ def _run_line(program: "FootprintProgram", line: _Line, col: tuple[int, ...]) ->
     largest = totals.index(top)
     synthetic = sum(totals)
     peak_clone = program.const_clone
-    out = _FootprintBuilder()
+    dominant = None
     if program.has_args:
         # The plain loop's dominant argument: the largest bytes, first in group order, then argument order.
         peak, key = program.const_best
@@ -1214,25 +1214,10 @@ def _run_line(program: "FootprintProgram", line: _Line, col: tuple[int, ...]) ->
         strides: list[int] = []
         for p, q in stride_parts:
             strides.append(p * x + q)
-        dominant = _ArgBuilder()
-        dominant.group_id = at  # the group ids are 0, 1, ...: every group of one feature is reachable
-        dominant.name = program.names[arg_index]
-        dominant.kind = program.kinds[arg_index]
-        dominant.dtype = program.dtypes[arg_index]
-        dominant.size = tuple(sizes)
-        dominant.stride = tuple(strides)
-        dominant.num_bytes = peak
-        dominant.__class__ = ArgFootprint  # type: ignore[assignment]
-        out.dominant_arg = dominant  # type: ignore[assignment]
-    else:
-        out.dominant_arg = None
-    out.synthetic_bytes = synthetic
-    out.mutated_clone_bytes = peak_clone
-    out.total_bytes = synthetic + peak_clone
-    out.group_bytes = tuple(enumerate(totals))
-    out.largest_group_id = largest
-    out.__class__ = Footprint  # type: ignore[assignment]
-    return out  # type: ignore[return-value]
+        # the group ids are 0, 1, ...: every group of one feature is reachable
+        dominant = _arg_footprint(at, program.names[arg_index], program.kinds[arg_index], program.dtypes[arg_index],
+                                  tuple(sizes), tuple(strides), peak)
+    return _footprint(synthetic, peak_clone, synthetic + peak_clone, tuple(enumerate(totals)), largest, dominant)
 
 
 _NOT_COMPILED = object()  # marks a plan the compiled path does not cover

@@ -484,13 +484,8 @@ def _compiled(program: RepsProgram) -> Representatives:
     grid._len = n = program.reachable_count
     grid.program = program
     count = program.group_count
-    if n == count:  # ``Representatives(count, grid, ())`` (see ``_RepsBuilder``)
-        out = _RepsBuilder()
-        out.group_count = count
-        out.groups = grid
-        out.unreachable_group_ids = ()
-        out.__class__ = Representatives  # type: ignore[assignment]
-        return out  # type: ignore[return-value]
+    if n == count:
+        return _representatives(count, grid, ())
     reachable = set(grid.group_ids())
     return _representatives(count, grid, tuple([i for i in range(count) if i not in reachable]))
 
@@ -505,32 +500,10 @@ def build_representatives(plan: KernelPlan) -> Representatives:
     the one that loop meets first. The per-plan part of this is compiled once per
     plan object (``reps_program``).
     """
-    cache = plan._cache
-    program = None if cache is None else cache.representatives
-    if program is None:
-        program = reps_program(plan)
-        if program is None:
-            return _general(plan)
-    elif program is _NO_PROGRAM:
-        return _general(plan)
-    bounds = program.bounds
-    if bounds is None:
+    program = reps_program(plan)
+    if program is not None:
         return _compiled(program)
-    # ``_compiled`` for one feature whose representatives are its bounds, inline (the commonest small plans)
-    grid = _new(GroupGrid)
-    grid.picks = ((*bounds, 2 * bounds[-1]),)
-    grid._features = grid._groups = grid._ids = None
-    grid.axis_names = program.axis_names
-    grid.base_values = program.base_values
-    grid.shape = program.shape
-    grid._len = program.reachable_count
-    grid.program = program
-    out = _RepsBuilder()  # every group of one feature is reachable
-    out.group_count = program.group_count
-    out.groups = grid
-    out.unreachable_group_ids = ()
-    out.__class__ = Representatives  # type: ignore[assignment]
-    return out  # type: ignore[return-value]
+    return _general(plan)
 
 
 def _general(plan: KernelPlan) -> Representatives:
