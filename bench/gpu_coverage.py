@@ -28,13 +28,14 @@ every benchmark really runs). Measured with ``torch.cuda.max_memory_allocated``:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor-coverage-"))
@@ -255,6 +256,23 @@ def _guarded_methods() -> dict[str, tuple[Any, str]]:
             "runtime": (CachingAutotuner, "benchmark_all_configs")}
 
 
+def timed(fn: Callable[..., Any], seconds: MutableMapping[str, float], key: str,
+          calls: MutableMapping[str, int] | None = None) -> Callable[..., Any]:
+    """``fn``, adding the seconds of each call to ``seconds[key]`` (and counting it in ``calls[key]``)."""
+
+    @functools.wraps(fn)  # keeps the signature prescreen checks before it patches
+    def timed_call(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            seconds[key] += time.perf_counter() - start
+            if calls is not None:
+                calls[key] += 1
+
+    return timed_call
+
+
 class GuardClock:
     """prescreen's own time, exactly: time inside its wrappers minus time inside the upstream methods they call.
 
@@ -271,20 +289,8 @@ class GuardClock:
         self.wrapped: list[str] = []
 
     def _wrap(self, table: dict[str, float], kind: str) -> None:
-        import functools
-
         cls, attr = _guarded_methods()[kind]
-        fn = cls.__dict__[attr]
-
-        @functools.wraps(fn)  # keeps the signature prescreen checks before it patches
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                table[kind] += time.perf_counter() - start
-
-        setattr(cls, attr, timed)
+        setattr(cls, attr, timed(cls.__dict__[attr], table, kind))
 
     def below(self) -> None:
         for kind in GUARDED:

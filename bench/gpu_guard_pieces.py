@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import atexit
 import collections
-import functools
 import os
 import sys
-import time
 from types import ModuleType
-from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,26 +40,14 @@ PIECES: dict[ModuleType, tuple[str, ...]] = {
 }
 
 
-def _timed(label: str, fn: Any) -> Any:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            totals[label] += time.perf_counter() - start
-            calls[label] += 1
-
-    return wrapper
-
-
 def install_timers() -> None:
     """Wrap every piece (module globals, so the wrappers' calls go through the timers)."""
     for module, names in PIECES.items():
         short = module.__name__.rsplit(".", 1)[-1]
         for name in names:
-            setattr(module, name, _timed(f"{short}.{name}", getattr(module, name)))
-    disk.DiskStore._read = _timed("DiskStore._read (SQLite)", disk.DiskStore._read)  # type: ignore[method-assign]
+            setattr(module, name, gpu_coverage.timed(getattr(module, name), totals, f"{short}.{name}", calls))
+    disk.DiskStore._read = gpu_coverage.timed(  # type: ignore[method-assign]
+        disk.DiskStore._read, totals, "DiskStore._read (SQLite)", calls)
 
 
 def report() -> None:
