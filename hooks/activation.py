@@ -81,8 +81,9 @@ def install(
     The Inductor guard is applied now (or, with ``lazy``, when Inductor's
     ``select_algorithm`` is first imported); the torch_npu guard whenever
     ``torch_npu._inductor.codegen.triton`` is imported. The store is opened
-    now too (with ``lazy``, the ``import torch`` autoload: at the first lookup). Explicit ``store``,
-    ``device_memory`` and ``ratio`` override the environment.
+    now too (with ``lazy``, the ``import torch`` autoload: at the first
+    lookup). Explicit ``store``, ``device_memory`` and ``ratio`` override the
+    environment.
     """
     global _active
     with _lock:
@@ -102,7 +103,7 @@ def install(
         if not lazy:
             from prescreen.hooks import state
 
-            state.get_store()  # opened here, not inside the first compile (a lazy install opens at the first lookup)
+            state.get_store()  # opened here, not inside the first compile
 
 
 def _announce(lazy: bool) -> None:

@@ -8,10 +8,11 @@ makes the puts, in order, and tells each caller's ``done`` whether its entry
 was stored. ``call`` queues other write work the same way (a lookup's batched
 hit counts, a tiered store's local copy of a remote hit). ``flush`` waits until
 everything submitted before it has been written; it runs at interpreter exit
-(bounded by ``EXIT_FLUSH_SECONDS``), when a disk or Redis store is closed, and
-before the hooks replace their store. A process killed outright (SIGKILL) loses what was still queued:
-those decisions are computed again by the next process. Nothing here writes
-an ``observed_oom`` fact: ``service.record_observed_oom`` writes synchronously.
+(bounded by ``EXIT_FLUSH_SECONDS``), when a store is closed (that store's
+writes), and before the hooks replace their store. A process killed outright
+(SIGKILL) loses what was still queued: those decisions are computed again by
+the next process. Nothing here writes an ``observed_oom`` fact:
+``service.record_observed_oom`` writes synchronously.
 
 A forked child starts with an empty queue and no thread (the parent's queue is
 the parent's to write); its first ``submit`` starts its own.
