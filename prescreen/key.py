@@ -25,9 +25,7 @@ SCHEMA_VERSION = 3  # 2: the plan is one JSON string field of the entry; 3: the 
 @functools.cache
 def library_versions() -> tuple[tuple[str, str], ...]:
     """Versions of the libraries whose behaviour a decision depends on ("absent" where not installed)."""
-    found = tuple((dist, _version(dist)) for dist in ("torch", "torch_npu", "triton", "triton-ascend"))
-    _versions_texts[found] = canonical_json(dict(found))
-    return found
+    return tuple((dist, _version(dist)) for dist in ("torch", "torch_npu", "triton", "triton-ascend"))
 
 
 def _version(dist: str) -> str:
@@ -77,7 +75,7 @@ class KeyParts:
         """``canonical_json(self.to_payload())``, written directly where every field has its usual type."""
         try:
             ratio_text = _number_text[self.ratio.__class__]
-            versions_text = _versions_texts[self.versions]
+            versions_text = _versions_text(self.versions)
             if (self.total_memory.__class__ is not int or self.schema_version.__class__ is not int
                     or self.estimator_version.__class__ is not int):
                 raise ValueError("not an int")
@@ -96,10 +94,14 @@ def _finite_repr(value: float) -> str:
     return float.__repr__(value)
 
 
-# KeyParts.text: how json writes a ratio of each usual type, and the versions' text (all but one
-# process's keys hold ``library_versions()``; any other versions take the general path).
+# KeyParts.text: how json writes a ratio of each usual type.
 _number_text: dict[type, Callable[[object], str]] = {int: int.__repr__, float: _finite_repr}  # type: ignore[dict-item]
-_versions_texts: dict[object, str] = {}
+
+
+@functools.lru_cache(maxsize=16)
+def _versions_text(versions: tuple[tuple[str, str], ...]) -> str:
+    """The versions' JSON text (a process's keys nearly all hold ``library_versions()``)."""
+    return canonical_json(dict(versions))
 
 
 _FAMILY_FIELDS = ("group_features", "axis_names", "axis_static_values")
