@@ -19,7 +19,7 @@ from prescreen.key import build_key
 from prescreen.plan import KernelPlan
 from prescreen.representatives import Representatives
 from prescreen.store import writer
-from prescreen.store.base import Store
+from prescreen.store.base import BEFORE_HITS_READ, Store
 from prescreen.store.entry import Entry
 
 
@@ -118,7 +118,7 @@ class _Hit:
             c.largest_estimate = self.estimate
 
 
-# The hits plan objects remember (their ticks are folded into COUNTERS) -> (memo, version) they were
+# The hits plan objects remember (their ticks are folded into COUNTERS and their store's hits) -> (memo, version) they were
 # remembered under. A hit whose memo moved on is dropped by the second fold that sees it so (a lookup
 # that checked the version just before the change may still tick it in between).
 _ticking: dict[_Hit, tuple["_Memo", int]] = {}
@@ -136,6 +136,9 @@ def _fold() -> None:
             n, hit.seen = value - hit.seen, value + 1
             if n:
                 hit.count(COUNTERS, n)
+                store = memo.store()
+                if store is not None:
+                    store.add_hits(n)  # the stores count memo hits as reads too (``_count_hit``)
             if memo.version != version:
                 stale.append(hit)
         for hit in stale:
@@ -146,20 +149,35 @@ def _fold() -> None:
                 _stale.add(hit)
 
 
+def _fold_if_unfolded() -> None:
+    if _unfolded:
+        _fold()
+
+
+BEFORE_HITS_READ.append(_fold_if_unfolded)
+
+
 class _Memo:
     """One store's memo: key -> the hit for what the store holds under that key, as far as this process
-    knows (see ``lookup_or_decide``). ``version`` is bumped on every change; a plan object remembers its
-    last hit in its own ``KernelPlan.cache`` as ``(memo, version, budget, hit)``, valid while the version is."""
+    knows (see ``lookup_or_decide``). ``version`` is bumped on every change, and ``token`` replaced by a
+    new object that the store carries too (``Store.memo_token``); a plan object remembers its last hit in
+    its own ``KernelPlan.cache`` as ``(token, budget, hit)``, valid while the store carries that token."""
 
-    __slots__ = ("store", "outcomes", "version")
+    __slots__ = ("store", "outcomes", "version", "token")
 
     def __init__(self, store: Store) -> None:
         self.store = weakref.ref(store)
         self.outcomes: dict[str, _Hit] = {}
         self.version = 0
+        self.token = object()
+        store.memo_token = self.token
 
     def changed(self) -> None:
         self.version += 1
+        self.token = object()
+        store = self.store()
+        if store is not None:
+            store.memo_token = self.token
 
 
 # id(store) -> its memo; the entry goes when the store object does (weakref.finalize).
@@ -213,7 +231,7 @@ def _remember(store: Store, key: str, entry: Entry | None) -> None:
 def _count_hit(hit: _Hit, store: Store, plan: KernelPlan) -> Outcome:
     with _lock:
         hit.count(COUNTERS, 1)
-        store.hits += 1  # the store's persisted per-entry hit counts (``inspect``) see reads only
+        store.add_hits(1)  # the store's persisted per-entry hit counts (``inspect``) see reads only
     return _observed(hit.outcome, plan) if OBSERVERS else hit.outcome
 
 
@@ -240,24 +258,21 @@ def lookup_or_decide(
     cache = plan._cache
     if cache is not None:
         last = cache.lookup
-        if last is not None:
-            memo = last[0]
-            if last[1] == memo.version and last[2] is budget and memo.store() is store is not None:
-                hit: _Hit = last[3]
-                next(hit.ticks)  # counted in COUNTERS when they are next read (``_fold``)
-                global _unfolded
-                _unfolded = True
-                store.hits += 1  # as the stores count their own reads
-                return _observed(hit.outcome, plan) if OBSERVERS else hit.outcome
+        if last is not None and last[1] is budget and store is not None and last[0] is store.memo_token:
+            hit: _Hit = last[2]
+            next(hit.ticks)  # counted in COUNTERS and in the store's hits when they are next read (``_fold``)
+            global _unfolded
+            _unfolded = True
+            return _observed(hit.outcome, plan) if OBSERVERS else hit.outcome
     start = time.perf_counter()
     memo = None if store is None else _memos.get(id(store))
     if store is not None and memo is not None and memo.store() is store:
-        version = memo.version
+        version, token = memo.version, memo.token
         found = memo.outcomes.get(build_key(plan, budget)[0])
         if found is not None:
             with _lock:
-                if memo.version == version:
-                    plan.cache.lookup = (memo, version, budget, found)
+                if memo.token is token:
+                    plan.cache.lookup = (token, budget, found)
                     if len(_ticking) >= 4 * MEMO_SIZE:
                         _fold()  # drops the hits whose memo moved on
                     _ticking[found] = (memo, version)

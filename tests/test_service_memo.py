@@ -94,7 +94,7 @@ def test_counts_from_memory_are_exact_across_threads(tmp_path: Path) -> None:
         assert (COUNTERS.lookups, COUNTERS.hits) == (before.lookups + total, before.hits + total)
         assert COUNTERS.tuned + COUNTERS.fell_back == before.tuned + before.fell_back + total
         assert COUNTERS.estimator_calls == before.estimator_calls
-        assert store.hits >= store_hits  # the store's own read counter: not locked, as the stores keep it
+        assert store.hits == store_hits + total  # answers from memory are added to it under the lock
 
 
 def test_counters_written_by_a_caller_see_earlier_hits_first(tmp_path: Path) -> None:
@@ -107,3 +107,29 @@ def test_counters_written_by_a_caller_see_earlier_hits_first(tmp_path: Path) -> 
         assert COUNTERS.largest_estimate == 0
         lookup_or_decide(plan, BUDGET, store)
         assert COUNTERS.largest_estimate == (lookup_or_decide(plan, BUDGET, store).decision.estimated_bytes or 0)
+
+
+def test_answers_from_memory_count_as_the_stores_hits(tmp_path: Path) -> None:
+    plan = make_plan(SEED)
+    with DiskStore(tmp_path) as store:
+        lookup_or_decide(plan, BUDGET, store)  # computed: a miss
+        lookup_or_decide(plan, BUDGET, store)  # from the memo by key
+        for _ in range(5):
+            lookup_or_decide(plan, BUDGET, store)  # from the plan object's memory
+        assert (store.hits, store.misses) == (6, 1)
+        assert store.stats().hits == 6
+        forget(store)
+        assert lookup_or_decide(plan, BUDGET, store).hit  # a real read
+        assert store.hits == 7
+
+
+def test_a_plan_remembered_in_one_store_is_not_answered_for_another_of_the_same_memo_state(tmp_path: Path) -> None:
+    plan, other = make_plan(SEED), make_plan(SEED + 1)
+    with DiskStore(tmp_path / "a") as a, DiskStore(tmp_path / "b") as b:
+        lookup_or_decide(plan, BUDGET, a)
+        assert lookup_or_decide(plan, BUDGET, a).hit
+        lookup_or_decide(other, BUDGET, a)  # a's memo changed: what the plan remembered is stale
+        reads = reads_of(a)
+        assert lookup_or_decide(plan, BUDGET, a).hit and reads == []  # found again by key, not read
+        assert a.memo_token is not b.memo_token
+        assert not lookup_or_decide(plan, BUDGET, b).hit

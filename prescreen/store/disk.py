@@ -452,7 +452,7 @@ class DiskStore(Store):
         if entry is None:
             self.misses += 1
             return None, 0
-        self.hits += 1
+        self.add_hits(1)
         return entry, self._count_hit(key, later)
 
     def _count_hit(self, key: str, later: bool) -> int:

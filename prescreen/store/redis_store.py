@@ -259,7 +259,7 @@ class RedisStore(Store):
         if entry is None:
             self.misses += 1
             return None
-        self.hits += 1
+        self.add_hits(1)
         return entry.with_hits(hits)
 
     def put(self, entry: Entry) -> bool:

@@ -46,7 +46,7 @@ class TieredStore(Store):
         if entry is None:
             self.misses += 1
         else:
-            self.hits += 1
+            self.add_hits(1)
         return entry
 
     def put(self, entry: Entry) -> bool:
