@@ -73,11 +73,41 @@ def _peak_headroom(device: Any) -> int | None:
         if acc is not None and hasattr(acc, "max_memory_allocated"):
             if acc.current_accelerator() is None:
                 return None
+            stats = _allocated_bytes_stats(torch, acc)
+            if stats is not None:
+                return int(stats.get("peak", 0)) - int(stats.get("current", 0))
             return int(acc.max_memory_allocated()) - int(acc.memory_allocated())
         backend = getattr(torch, getattr(device, "type", "cuda"))
         return int(backend.max_memory_allocated(device)) - int(backend.memory_allocated(device))
     except (RuntimeError, AttributeError):
         return None
+
+
+#: The module whose ``max_memory_allocated`` and ``memory_allocated`` ``_allocated_bytes_stats`` stands in for.
+ACCELERATOR_MEMORY_MODULE = "torch.accelerator.memory"
+
+
+def _allocated_bytes_stats(torch: Any, acc: Any) -> dict[str, Any] | None:
+    """The ``allocated_bytes.all`` statistics that ``acc.max_memory_allocated()`` (``.peak``) and
+    ``acc.memory_allocated()`` (``.current``) read, from one call of the allocator's nested table.
+
+    Each of those flattens the allocator's whole table (about 3,000 Python calls, 0.2 ms
+    on an H200 host), and upstream reads the two. None where they are not torch's own
+    (then the caller calls them), or the table is not shaped as they expect.
+    """
+    stats_of = getattr(torch._C, "_accelerator_getDeviceStats", None)
+    initialized = getattr(torch._C, "_accelerator_isAllocatorInitialized", None)
+    if stats_of is None or initialized is None or any(
+        getattr(fn, "__module__", None) != ACCELERATOR_MEMORY_MODULE
+        for fn in (acc.max_memory_allocated, acc.memory_allocated)
+    ):
+        return None
+    if not initialized():
+        return {}  # upstream's table is empty then: both read 0
+    table = stats_of(acc.current_device_index())
+    found = table.get("allocated_bytes") if isinstance(table, dict) else None
+    found = found.get("all") if isinstance(found, dict) else None
+    return found if isinstance(found, dict) and not any(isinstance(v, dict) for v in found.values()) else None
 
 
 def _clone_bytes(value: Any) -> int:

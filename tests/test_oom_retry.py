@@ -351,3 +351,65 @@ def test_runtime_plan_without_optimize_mem_clones_every_mutated_arg(monkeypatch:
     monkeypatch.setattr(triton_autotune, "_peak_headroom", lambda _device: 0)
     plan = triton_autotune.plan_for_autotuner(_MemTuner(optimize_mem=False), _mem_args(), {})
     assert [a.name for a in plan.args] == ["clone:in_out_ptr0", "clone:in_out_ptr1", "clone:in_out_ptr2"]
+
+
+def _cuda_table(peak: int, current: int) -> dict[str, Any]:
+    """An allocator statistics table shaped as CUDA's (nested by stat, pool, then current/peak/...)."""
+    pools = ("all", "small_pool", "large_pool")
+    counts = {"current": current, "peak": peak, "allocated": peak + 7, "freed": 7}
+    table: dict[str, Any] = {name: {pool: dict(counts) for pool in pools}
+                             for name in ("allocated_bytes", "reserved_bytes", "active_bytes", "allocation")}
+    table.update({"num_alloc_retries": 0, "num_ooms": 1, "max_split_size": -1})
+    return table
+
+
+@pytest.mark.parametrize("table", [
+    _cuda_table(5 * MIB, 2 * MIB),
+    _cuda_table(0, 0),
+    {"allocated_bytes": {"all": {"peak": 9}}},  # no current: upstream reads 0
+    {"allocated_bytes": {"all": {}}},
+    {"allocated_bytes": {}},  # no "all": the caller calls upstream's functions
+    {},
+    {"allocated_bytes": {"all": {"peak": {"odd": 1}, "current": 1}}},  # deeper than upstream reads
+])
+@pytest.mark.parametrize("initialized", [True, False])
+def test_peak_headroom_reads_what_torchs_accelerator_functions_read(
+    monkeypatch: pytest.MonkeyPatch, table: dict[str, Any], initialized: bool
+) -> None:
+    """One read of the nested table gives ``max_memory_allocated() - memory_allocated()``, as upstream computes it
+    (torch's own functions, run here on the same table)."""
+    from prescreen.hooks import triton_autotune
+
+    acc = torch.accelerator
+    reads: list[int] = []
+
+    def stats_of(index: int) -> dict[str, Any]:
+        reads.append(index)
+        return table
+
+    monkeypatch.setattr(torch._C, "_accelerator_getDeviceStats", stats_of)
+    monkeypatch.setattr(torch._C, "_accelerator_isAllocatorInitialized", lambda: initialized)
+    monkeypatch.setattr(acc, "current_accelerator", lambda *a, **k: torch.device("cuda", 0))
+    monkeypatch.setattr(acc, "current_device_index", lambda: 0)
+    try:
+        upstream: int | None = int(acc.max_memory_allocated()) - int(acc.memory_allocated())
+    except (RuntimeError, AttributeError, TypeError):
+        upstream = None
+    upstream_reads = len(reads)
+    reads.clear()
+    assert triton_autotune._peak_headroom(torch.device("cuda", 0)) == upstream
+    if initialized:
+        assert upstream_reads == 2
+        shaped = isinstance(table.get("allocated_bytes", {}).get("all"), dict) and not any(
+            isinstance(v, dict) for v in table["allocated_bytes"]["all"].values())
+        assert len(reads) == (1 if shaped else 3)  # one read, or the fallback to upstream's two
+
+
+def test_peak_headroom_calls_upstream_where_its_functions_are_not_torchs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prescreen.hooks import triton_autotune
+
+    acc = torch.accelerator
+    monkeypatch.setattr(acc, "current_accelerator", lambda *a, **k: torch.device("cuda", 0))
+    monkeypatch.setattr(acc, "max_memory_allocated", lambda *a: 11 * MIB)
+    monkeypatch.setattr(acc, "memory_allocated", lambda *a: 4 * MIB)
+    assert triton_autotune._peak_headroom(torch.device("cuda", 0)) == 7 * MIB
