@@ -257,16 +257,21 @@ def _guarded_methods() -> dict[str, tuple[Any, str]]:
 
 
 def timed(fn: Callable[..., Any], seconds: MutableMapping[str, float], key: str,
-          calls: MutableMapping[str, int] | None = None) -> Callable[..., Any]:
-    """``fn``, adding the seconds of each call to ``seconds[key]`` (and counting it in ``calls[key]``)."""
+          calls: MutableMapping[str, int] | None = None,
+          cpu_seconds: MutableMapping[str, float] | None = None) -> Callable[..., Any]:
+    """``fn``, adding the seconds of each call to ``seconds[key]`` (and counting it in ``calls[key]``;
+    with ``cpu_seconds``, adding the calling thread's CPU seconds there too)."""
 
     @functools.wraps(fn)  # keeps the signature prescreen checks before it patches
     def timed_call(*args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
+        cpu_start = time.thread_time() if cpu_seconds is not None else 0.0
         try:
             return fn(*args, **kwargs)
         finally:
             seconds[key] += time.perf_counter() - start
+            if cpu_seconds is not None:
+                cpu_seconds[key] += time.thread_time() - cpu_start
             if calls is not None:
                 calls[key] += 1
 
@@ -280,27 +285,31 @@ class GuardClock:
     prescreen's wrappers call the timed ones); ``above()`` wraps prescreen's
     wrappers after. Summed over all wrappers, outer minus inner is prescreen's
     exclusive time, nested wrappers included (the inner time of an outer
-    wrapper holds the whole of a nested one, outer and inner).
+    wrapper holds the whole of a nested one, outer and inner). Wall time
+    (``split``) and the compiling thread's CPU time (``split_cpu``): the wall
+    time also holds the waits for the GIL while Inductor's own threads hold it.
     """
 
     def __init__(self) -> None:
         self.outer = dict.fromkeys(GUARDED, 0.0)
         self.inner = dict.fromkeys(GUARDED, 0.0)
+        self.outer_cpu = dict.fromkeys(GUARDED, 0.0)
+        self.inner_cpu = dict.fromkeys(GUARDED, 0.0)
         self.wrapped: list[str] = []
 
-    def _wrap(self, table: dict[str, float], kind: str) -> None:
+    def _wrap(self, table: dict[str, float], cpu: dict[str, float], kind: str) -> None:
         cls, attr = _guarded_methods()[kind]
-        setattr(cls, attr, timed(cls.__dict__[attr], table, kind))
+        setattr(cls, attr, timed(cls.__dict__[attr], table, kind, cpu_seconds=cpu))
 
     def below(self) -> None:
         for kind in GUARDED:
-            self._wrap(self.inner, kind)
+            self._wrap(self.inner, self.inner_cpu, kind)
 
     def above(self) -> None:
         """Wrap each of prescreen's wrappers; a method prescreen left alone (no Triton) is not counted."""
         for kind, (cls, attr) in _guarded_methods().items():
             if any(name.startswith("_prescreen_original") for name in vars(cls.__dict__[attr])):
-                self._wrap(self.outer, kind)
+                self._wrap(self.outer, self.outer_cpu, kind)
                 self.wrapped.append(kind)
             else:
                 print(f"prescreen did not wrap {cls.__name__}.{attr} here: not counted")
@@ -308,6 +317,23 @@ class GuardClock:
     def split(self) -> dict[str, float]:
         """Seconds of prescreen's own time so far, per wrapper."""
         return {k: self.outer[k] - self.inner[k] for k in self.wrapped}
+
+    def split_cpu(self) -> dict[str, float]:
+        """CPU seconds of the compiling thread in prescreen's own code so far, per wrapper."""
+        return {k: self.outer_cpu[k] - self.inner_cpu[k] for k in self.wrapped}
+
+
+def writer_cpu_seconds() -> float:
+    """CPU seconds prescreen's background store writer has used so far (0 before it starts)."""
+    from prescreen.store import writer
+
+    thread = writer._queue.thread
+    if thread is None or thread.ident is None or not thread.is_alive():
+        return 0.0
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    except (OSError, AttributeError):
+        return 0.0
 
 
 def trace_lookups() -> None:
@@ -444,7 +470,8 @@ def run_case(name: str, meter: Meter, clock: GuardClock) -> dict[str, Any]:
     meter.steps = []
     largest_before = COUNTERS.largest_estimate
     COUNTERS.largest_estimate = 0
-    lookup_before, guard_before = COUNTERS.seconds, clock.split()
+    lookup_before, guard_before, cpu_before = COUNTERS.seconds, clock.split(), clock.split_cpu()
+    writer_before = writer_cpu_seconds()
     start = time.perf_counter()
     row: dict[str, Any] = {"case": name}
     try:
@@ -471,6 +498,16 @@ def run_case(name: str, meter: Meter, clock: GuardClock) -> dict[str, Any]:
     row["guard_ms_by_wrapper"] = {k: round(v * 1000, 3) for k, v in split.items()}
     row["lookup_ms"] = round((COUNTERS.seconds - lookup_before) * 1000, 3)
     row["guard_share"] = f"{guard / max(elapsed, 1e-9):.4%}"
+    # CPU time: the compiling thread's in prescreen's code, and the background writer's (its queued writes
+    # made before the count); the wall time above also holds waits for the GIL other threads held
+    from prescreen.service import flush_writes
+
+    flush_writes()
+    guard_cpu = sum(v - cpu_before.get(k, 0.0) for k, v in clock.split_cpu().items())
+    writer_cpu = max(writer_cpu_seconds() - writer_before, 0.0)
+    row["guard_cpu_ms"] = round(guard_cpu * 1000, 2)
+    row["writer_cpu_ms"] = round(writer_cpu * 1000, 2)
+    row["guard_cpu_share"] = f"{(guard_cpu + writer_cpu) / max(elapsed, 1e-9):.4%}"
     row["largest_lookup_estimate"] = COUNTERS.largest_estimate
     COUNTERS.largest_estimate = max(largest_before, COUNTERS.largest_estimate)
     row["steps"] = list(meter.steps)
@@ -549,12 +586,14 @@ def main() -> None:
             with open(args.json, "w") as fh:
                 json.dump(rows, fh, indent=1)
     print("\n| case | ok | estimate MiB | whole-compile peak MiB | of which first-call output MiB | "
-          "step peak MiB (largest step) | estimate / step peak | min over steps | steps | s | guard ms | guard share |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "step peak MiB (largest step) | estimate / step peak | min over steps | steps | s | guard ms | guard share | "
+          "guard CPU ms (compile thread + writer) | CPU share |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['case']} | {r['ok']} | {mib(r['estimate'])} | {mib(r['whole_peak'])} | "
               f"{mib(r.get('output_bytes'))} | {mib(r['step_peak'])} ({r['step']}) | {r['ratio']} | "
-              f"{r['min_ratio']} | {len(r['steps'])} | {r['seconds']} | {r.get('guard_ms')} | {r.get('guard_share')} |")
+              f"{r['min_ratio']} | {len(r['steps'])} | {r['seconds']} | {r.get('guard_ms')} | {r.get('guard_share')} | "
+              f"{r.get('guard_cpu_ms')} + {r.get('writer_cpu_ms')} | {r.get('guard_cpu_share')} |")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)

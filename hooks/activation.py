@@ -80,9 +80,9 @@ def install(
 
     The Inductor guard is applied now (or, with ``lazy``, when Inductor's
     ``select_algorithm`` is first imported); the torch_npu guard whenever
-    ``torch_npu._inductor.codegen.triton`` is imported. The store is opened
-    now too (with ``lazy``, the ``import torch`` autoload: at the first
-    lookup). Explicit ``store``, ``device_memory`` and ``ratio`` override the
+    ``torch_npu._inductor.codegen.triton`` is imported. The store is opened,
+    and the library versions every key holds are read, now too (with
+    ``lazy``, the ``import torch`` autoload: at the first lookup). Explicit ``store``, ``device_memory`` and ``ratio`` override the
     environment.
     """
     global _active
@@ -102,8 +102,10 @@ def install(
         _announce(lazy)
         if not lazy:
             from prescreen.hooks import state
+            from prescreen.key import library_versions
 
             state.get_store()  # opened here, not inside the first compile
+            library_versions()  # read here too: every key holds them (a few files' headers, once)
 
 
 def _announce(lazy: bool) -> None:

@@ -209,25 +209,34 @@ GPU_SLACK_BYTES = 2 * 2**20
 TRITON_FLUSH_BYTES = 256 * 2**20
 
 
+#: (device type, index) -> its flush buffer's bytes: a device's L2 size never changes
+_flush_bytes: dict[tuple[str, int], int] = {}
+
+
 def flush_buffer_bytes(device: Any) -> int:
     """Bytes the GPU benchmarker allocates to flush the L2 cache between timings (0 on CPU).
 
     Inductor's GPU benchmarker flushes with an L2-sized buffer on CUDA (measured
     on an H200 with torch 2.11: exactly the 60 MiB L2) and with Triton's 256 MiB
-    one on ROCm; an unknown L2 size counts as 256 MiB.
+    one on ROCm; an unknown L2 size counts as 256 MiB. Read once per device.
     """
-    if getattr(device, "type", "cpu") in ("cpu", "meta"):
+    kind = getattr(device, "type", "cpu")
+    if kind in ("cpu", "meta"):
         return 0
     try:
         import torch
 
         if torch.version.hip:
             return TRITON_FLUSH_BYTES
-        backend = getattr(torch, device.type)
-        l2 = int(getattr(backend.get_device_properties(device), "L2_cache_size", 0) or 0)
+        backend = getattr(torch, kind)
+        index = device.index if device.index is not None else int(backend.current_device())
+        found = _flush_bytes.get((kind, index))
+        if found is None:
+            l2 = int(getattr(backend.get_device_properties(index), "L2_cache_size", 0) or 0)
+            found = _flush_bytes[(kind, index)] = l2 or TRITON_FLUSH_BYTES
+        return found
     except Exception:
-        l2 = 0
-    return l2 or TRITON_FLUSH_BYTES
+        return TRITON_FLUSH_BYTES
 
 
 #: cuDNN's workspace for the ATen convolution choice, allocated through the caching

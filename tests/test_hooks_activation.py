@@ -251,22 +251,29 @@ def test_install_logs_one_info_line_and_verbose_exit_summary(tmp_path) -> None:
 
 
 def test_an_explicit_install_opens_the_store_and_a_lazy_one_waits_for_the_first_lookup(tmp_path, monkeypatch) -> None:
-    """The store's opening (a directory check and a SQLite open) is paid at install, not inside the first compile."""
+    """The store's opening (a directory check and a SQLite open) and the reading of the library versions every
+    key holds are paid at install, not inside the first compile."""
+    from prescreen.key import library_versions
+
     prescreen.uninstall()
     state.reset()
     monkeypatch.setenv("PRESCREEN_CACHE_DIR", str(tmp_path / "explicit"))
+    library_versions.cache_clear()
     prescreen.install()
     try:
         store = state.snapshot()[0]
         assert store is not None and store.location == str(tmp_path / "explicit")
         assert (tmp_path / "explicit" / "cache.db").is_file()
+        assert library_versions.cache_info().currsize == 1
     finally:
         prescreen.uninstall()
         state.reset()
     monkeypatch.setenv("PRESCREEN_CACHE_DIR", str(tmp_path / "lazy"))
+    library_versions.cache_clear()
     activation.install(lazy=True)
     try:
         assert state.snapshot()[0] is None and not (tmp_path / "lazy").exists()
+        assert library_versions.cache_info().currsize == 0
         assert state.get_store() is not None and (tmp_path / "lazy" / "cache.db").is_file()
     finally:
         prescreen.uninstall()

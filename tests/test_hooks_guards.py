@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import pytest
@@ -293,3 +294,37 @@ def test_a_symbols_range_is_read_again_once_a_guard_narrows_it() -> None:
     narrowed = sel._Converter(graph)
     narrowed.expr(s0)
     assert narrowed.statics == {"s0": 3500} and graph.shape_env.reads == 2
+
+
+class _FakeGpuBackend:
+    """``torch.<device type>`` as ``flush_buffer_bytes`` reads it: properties per device index."""
+
+    def __init__(self, l2_by_index: dict[int, int]) -> None:
+        self.l2_by_index = l2_by_index
+        self.reads: list[int] = []
+        self.current = 0
+
+    def current_device(self) -> int:
+        return self.current
+
+    def get_device_properties(self, index: int) -> object:
+        self.reads.append(index)
+        return types.SimpleNamespace(L2_cache_size=self.l2_by_index[index])
+
+
+def test_flush_buffer_is_each_devices_l2_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prescreen.hooks import select_algorithm as sel
+
+    backend = _FakeGpuBackend({0: 60 * 2**20, 1: 40 * 2**20, 2: 0})
+    monkeypatch.setattr(torch, "fakegpu", backend, raising=False)
+    monkeypatch.setattr(sel, "_flush_bytes", {})
+    dev = types.SimpleNamespace
+    assert sel.flush_buffer_bytes(dev(type="fakegpu", index=0)) == 60 * 2**20
+    assert sel.flush_buffer_bytes(dev(type="fakegpu", index=1)) == 40 * 2**20
+    assert sel.flush_buffer_bytes(dev(type="fakegpu", index=2)) == sel.TRITON_FLUSH_BYTES  # L2 unknown
+    backend.current = 1
+    assert sel.flush_buffer_bytes(dev(type="fakegpu", index=None)) == 40 * 2**20  # the current device's
+    assert sel.flush_buffer_bytes(dev(type="fakegpu", index=0)) == 60 * 2**20
+    assert backend.reads == [0, 1, 2]
+    assert sel.flush_buffer_bytes(dev(type="cpu", index=None)) == 0
+    assert sel.flush_buffer_bytes(dev(type="nosuchgpu", index=0)) == sel.TRITON_FLUSH_BYTES
