@@ -28,6 +28,7 @@ every benchmark really runs). Measured with ``torch.cuda.max_memory_allocated``:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -35,7 +36,8 @@ import platform
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, MutableMapping
+import weakref
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor-coverage-"))
@@ -371,6 +373,19 @@ def trace_lookups() -> None:
     service._lookup_or_decide = traced
 
 
+@contextlib.contextmanager
+def _own_guard_caches(sel: Any) -> Iterator[None]:
+    """The meter builds plans of its own, before the guard does: with caches of their own, or they would fill
+    the ones the guard's wrappers read (a graph's symbol facts, a scheduler's fusion plans, the flush size),
+    and the guard would be timed on warm caches."""
+    saved = sel._facts_by_graph, sel._fusion_plans, sel._flush_bytes
+    sel._facts_by_graph, sel._fusion_plans, sel._flush_bytes = weakref.WeakKeyDictionary(), weakref.WeakKeyDictionary(), {}
+    try:
+        yield
+    finally:
+        sel._facts_by_graph, sel._fusion_plans, sel._flush_bytes = saved
+
+
 def instrument(meter: Meter) -> None:
     """Wrap prescreen's guarded steps (outermost, so a retry is inside the window)."""
     from torch._inductor import scheduler
@@ -383,7 +398,8 @@ def instrument(meter: Meter) -> None:
 
     def estimate(plans_fn: Callable[[], Any]) -> int | None:
         try:
-            plans = plans_fn()
+            with _own_guard_caches(sel):
+                plans = plans_fn()
             return max(decide(p, _BUDGET).estimated_bytes for p in (plans if isinstance(plans, list) else [plans]))
         except Exception as exc:  # a plan the guard cannot build is reported as such
             print(f"  (no estimate: {exc!r})")

@@ -530,6 +530,10 @@ def _graph_tensor(conv: "_Converter", label: str, name: str) -> list[TensorArg |
     return conv.tensor(label, buf, buf.get_layout())
 
 
+#: scheduler -> (kernel name, its argument buffers, mutated, in place, device) -> the plan built for them
+_fusion_plans: "weakref.WeakKeyDictionary[Any, dict[tuple[object, ...], KernelPlan]]" = weakref.WeakKeyDictionary()
+
+
 def plans_for_fusion(scheduler: Any, node1: Any, node2: Any) -> list[KernelPlan]:
     """One plan per kernel the epilogue-fusion step may benchmark (see ``_fusion_kernels``).
 
@@ -540,21 +544,35 @@ def plans_for_fusion(scheduler: Any, node1: Any, node2: Any) -> list[KernelPlan]
     autotuning of that call may make. The kernels are benchmarked one at a time,
     so the step's footprint is the largest of these plans, not their union; the
     step tunes only if every plan does.
+
+    A scheduler's fusion rounds may ask about the same kernel again: a plan is
+    built once per scheduler for the same argument buffers (their layouts are
+    fixed by then), and the same plan object is then answered from its memory
+    by the lookup.
     """
     from torch._inductor.virtualized import V
 
+    try:
+        built = _fusion_plans.setdefault(scheduler, {})
+    except TypeError:  # not weakly referenceable: nothing is kept
+        built = {}
+    device = _fusion_device(node1)
     plans: list[KernelPlan] = []
     for kernel_name, nodes in _fusion_kernels(node1, node2):
-        conv = _Converter(V.graph.sizevars)
         names, mutated, inplace = _kernel_args(scheduler, nodes)
-        args: list[TensorArg | WorkspaceArg] = []
-        for i, name in enumerate(names):
-            args.extend(_graph_tensor(conv, f"buf{i}", name))
-            if name in mutated:
-                args.extend(_graph_tensor(conv, f"buf{i}.clone", name))
-            if name in mutated or name in inplace:
-                args.extend(_graph_tensor(conv, f"buf{i}.autotune_clone", name))
-        plans.append(_benchmark_plan(conv, args, _fusion_device(node1), kernel_name))
+        known = (kernel_name, tuple(names), frozenset(mutated), frozenset(inplace), str(device))
+        plan = built.get(known)
+        if plan is None:
+            conv = _Converter(V.graph.sizevars)
+            args: list[TensorArg | WorkspaceArg] = []
+            for i, name in enumerate(names):
+                args.extend(_graph_tensor(conv, f"buf{i}", name))
+                if name in mutated:
+                    args.extend(_graph_tensor(conv, f"buf{i}.clone", name))
+                if name in mutated or name in inplace:
+                    args.extend(_graph_tensor(conv, f"buf{i}.autotune_clone", name))
+            plan = built[known] = _benchmark_plan(conv, args, device, kernel_name)
+        plans.append(plan)
     return plans
 
 

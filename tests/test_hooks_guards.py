@@ -166,6 +166,47 @@ def test_fusion_plans_count_an_in_place_output_twice_more(monkeypatch: pytest.Mo
             "fusion:fused": ["buf0", "buf1"]} in seen
 
 
+class _OtherScheduler:
+    def __init__(self, removable: Any) -> None:
+        self.can_buffer_be_removed_through_fusion = removable
+
+
+def test_a_schedulers_fusion_plans_are_built_once_and_equal_fresh_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asked again about the same pair, the guard reuses the plan objects it built (so their lookups are
+    answered from the plans' memory), and they equal plans built anew; another scheduler builds its own."""
+    import weakref
+
+    from torch._inductor import config as inductor_config
+    from torch._inductor import scheduler
+
+    checked: list[int] = []
+    original = scheduler.Scheduler.speedup_by_fusion
+
+    def spy(self: Any, node1: Any, node2: Any, *args: Any, **kwargs: Any) -> Any:
+        first = sel.plans_for_fusion(self, node1, node2)
+        again = sel.plans_for_fusion(self, node1, node2)
+        assert all(a is b for a, b in zip(first, again, strict=True))
+        kept = sel._fusion_plans
+        monkeypatch.setattr(sel, "_fusion_plans", weakref.WeakKeyDictionary())
+        fresh = sel.plans_for_fusion(self, node1, node2)
+        monkeypatch.setattr(sel, "_fusion_plans", kept)
+        assert fresh == first and all(a is not b for a, b in zip(first, fresh, strict=True))
+        other = _OtherScheduler(self.can_buffer_be_removed_through_fusion)
+        theirs = sel.plans_for_fusion(other, node1, node2)
+        assert theirs == first and all(a is not b for a, b in zip(first, theirs, strict=True))
+        assert all(a is b for a, b in zip(theirs, sel.plans_for_fusion(other, node1, node2), strict=True))
+        checked.append(len(first))
+        return original(self, node1, node2, *args, **kwargs)
+
+    monkeypatch.setattr(scheduler.Scheduler, "speedup_by_fusion", spy)
+    torch._dynamo.reset()
+    x = torch.rand(64, 128) + 1
+    with inductor_config.patch(force_disable_caches=True):
+        out = torch.compile(lambda t: t / t.sum(1, keepdim=True), backend="inductor")(x)
+    torch.testing.assert_close(out, x / x.sum(1, keepdim=True))
+    assert checked and all(n == 3 for n in checked)
+
+
 def test_patch_installs_every_guard_and_unpatch_restores_upstream() -> None:
     from torch._inductor import scheduler
     from torch._inductor.select_algorithm import AlgorithmSelectorCache
