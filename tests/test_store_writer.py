@@ -8,6 +8,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_store_support import BUDGET, make_plan
@@ -220,3 +221,39 @@ def test_a_tiered_lookup_copies_a_remote_hit_to_the_local_tier_off_the_lookup(tm
         tiered.close()  # waits for the copy
     with DiskStore(tmp_path / "local") as again:
         assert again.get(outcome.key) is not None
+
+
+def test_the_writer_delays_a_write_and_batches_what_comes_meanwhile_unless_a_flush_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queued write waits ``WRITE_DELAY_SECONDS`` (the guarded benchmark runs meanwhile); a flush does not wait
+    for the delay, and writes queued within it go in one batch."""
+    import time
+
+    batches: list[int] = []
+    real_take = writer._Queue.take
+
+    def counting_take(self: writer._Queue) -> list[tuple[int, Any]]:
+        batch = real_take(self)
+        batches.append(len(batch))
+        return batch
+
+    flush_writes()
+    monkeypatch.setattr(writer, "_queue", writer._Queue())
+    monkeypatch.setattr(writer._Queue, "take", counting_take)
+    monkeypatch.setattr(writer, "WRITE_DELAY_SECONDS", 60.0)
+    with DiskStore(tmp_path / "store") as store:
+        start = time.monotonic()
+        first = lookup_or_decide(make_plan(1), BUDGET, store, wait=False)
+        second = lookup_or_decide(make_plan(2), BUDGET, store, wait=False)
+        time.sleep(0.2)
+        assert store.get(first.key) is None and writer.pending() == 2  # still waiting out the delay
+        assert flush_writes(10) and time.monotonic() - start < 30  # the flush did not wait 60 s
+        assert store.get(first.key) is not None and store.get(second.key) is not None
+        assert batches == [2]
+        monkeypatch.setattr(writer, "WRITE_DELAY_SECONDS", 0.05)
+        third = lookup_or_decide(make_plan(3), BUDGET, store, wait=False)
+        deadline = time.monotonic() + 10
+        while store.get(third.key) is None and time.monotonic() < deadline:  # no flush: made after the delay
+            time.sleep(0.02)
+        assert store.get(third.key) is not None and batches == [2, 1]

@@ -70,7 +70,7 @@ DEFAULT_SIZE_LIMIT = 2**30
 DEFAULT_TIMEOUT = 0.5
 DEFAULT_COOLDOWN = 30.0
 HITS_PREFIX = "hits:"
-HIT_FLUSH_SECONDS = 2.0
+HIT_FLUSH_SECONDS = 30.0  # hit counts are statistics: written this often (and on close, stats and exit)
 MOVE_CHECK_SECONDS = 1.0  # how often a reader checks that cache.db is still the file it opened
 KEY_ROWS = "SELECT key, filename FROM Cache WHERE raw = 1"
 MAX_HITS = 2**62  # counters saturate here, far inside SQLite's 64-bit integers
@@ -481,7 +481,9 @@ class DiskStore(Store):
 
         Counting a hit in the database on every lookup would cost a commit per
         lookup, several times the lookup itself; counts are statistics, so they
-        are batched and written every few seconds, on close and at exit.
+        are batched and written at most every ``HIT_FLUSH_SECONDS``, on close and at exit
+        (a lookup's flush is queued on the background writer, which would otherwise
+        take the interpreter from the compile at every lookup a few seconds apart).
         """
         pending = self._hits.take()
         if not pending or self._cache is None:

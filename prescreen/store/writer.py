@@ -5,7 +5,11 @@ and a store write is a transaction: on a busy or slow disk it costs several
 milliseconds (more when SQLite checkpoints its log), on a fleet store a network
 round trip. ``submit`` queues the write and returns at once; a daemon thread
 makes the puts, in order, and tells each caller's ``done`` whether its entry
-was stored. ``call`` queues other write work the same way (a lookup's batched
+was stored. It lets a new write wait ``WRITE_DELAY_SECONDS`` first (none
+while a ``flush`` waits): a hook queues its write just before the benchmark it
+guards, which then waits on the device with the GIL released, so the write is
+made then instead of taking the interpreter from the compile, and writes queued
+meanwhile go in the same batch. ``call`` queues other write work the same way (a lookup's batched
 hit counts, a tiered store's local copy of a remote hit). ``flush`` waits until
 everything submitted before it has been written; it runs at interpreter exit
 (bounded by ``EXIT_FLUSH_SECONDS``), when a store is closed (that store's
@@ -35,6 +39,9 @@ log = logging.getLogger("prescreen.store")
 #: How long interpreter exit waits for queued writes (a locked store gives up on each within its own timeout).
 EXIT_FLUSH_SECONDS = 60.0
 
+#: How long a queued write waits before the writer makes it, unless a ``flush`` waits for it.
+WRITE_DELAY_SECONDS = 0.05
+
 Done = Callable[[bool], None]
 
 
@@ -47,6 +54,7 @@ class _Queue:
         self.submitted = 0
         self.written = 0  # submitted items that have run (stored or not)
         self.by_store: collections.Counter[int] = collections.Counter()  # id(store) -> its items not yet run
+        self.flushing = 0  # flushes waiting: the writer does not delay then
         self.thread: threading.Thread | None = None
 
     def submit(self, store: Store, work: Callable[[], None]) -> None:
@@ -60,13 +68,20 @@ class _Queue:
                 _register_exit_flush()
             self.cond.notify()
 
+    def take(self) -> list[tuple[int, Callable[[], None]]]:
+        """The next batch: what is queued once the first item has waited out the delay (or a flush came)."""
+        with self.cond:
+            while not self.items:
+                self.cond.wait()
+            if not self.flushing:
+                self.cond.wait_for(lambda: self.flushing > 0, WRITE_DELAY_SECONDS)
+            batch = list(self.items)
+            self.items.clear()
+            return batch
+
     def run(self) -> None:
         while True:
-            with self.cond:
-                while not self.items:
-                    self.cond.wait()
-                batch = list(self.items)
-                self.items.clear()
+            batch = self.take()
             for store_id, work in batch:
                 try:
                     work()
@@ -83,10 +98,15 @@ class _Queue:
         if threading.current_thread() is self.thread:
             return False  # queued work that flushes would wait for itself
         with self.cond:
-            if store is not None:
-                return self.cond.wait_for(lambda: id(store) not in self.by_store, timeout)
-            target = self.submitted
-            return self.cond.wait_for(lambda: self.written >= target, timeout)
+            self.flushing += 1
+            self.cond.notify_all()  # a writer delaying a write makes it now
+            try:
+                if store is not None:
+                    return self.cond.wait_for(lambda: id(store) not in self.by_store, timeout)
+                target = self.submitted
+                return self.cond.wait_for(lambda: self.written >= target, timeout)
+            finally:
+                self.flushing -= 1
 
     def pending(self) -> int:
         with self.cond:
