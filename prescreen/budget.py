@@ -6,6 +6,7 @@ import dataclasses
 import math
 import os
 import re
+from typing import Any
 
 from prescreen.errors import ConfigError
 
@@ -129,6 +130,28 @@ def _device_kind(device: object) -> str:
     return str(kind if kind is not None else str(device).split(":")[0])
 
 
+#: (the backend's ``get_device_properties``, device index) -> that device's total memory, which never changes
+_totals: dict[tuple[object, int], int] = {}
+
+
+def _device_total(backend: Any, device: object) -> int:
+    """``backend.get_device_properties(device).total_memory``, read once per device with an index (a hook asks
+    at every guarded step); raises ``ConfigError`` where the device is not there or reports no memory."""
+    index = getattr(device, "index", None)
+    props_of = getattr(backend, "get_device_properties", None)
+    known = (props_of, index) if isinstance(index, int) and props_of is not None else None
+    if known is not None and known in _totals:
+        return _totals[known]
+    if backend is None or not backend.is_available():
+        raise ConfigError(f"device {device!s} is not available here; pass --device-memory or set {MEMORY_ENV}")
+    total = int(backend.get_device_properties(device).total_memory)
+    if total <= 0:
+        raise ConfigError(f"device {device!s} reports invalid total memory {total}")
+    if known is not None:
+        _totals[known] = total
+    return total
+
+
 def device_memory(device: object = None, override: str | int | None = None) -> DeviceMemory:
     """Total memory of ``device`` (torch.cuda / torch.npu), or an explicit override.
 
@@ -146,12 +169,7 @@ def device_memory(device: object = None, override: str | int | None = None) -> D
 
     if kind in ("cuda", "npu", "xpu"):
         backend = getattr(torch, kind, None)
-        if backend is None or not backend.is_available():
-            raise ConfigError(f"device {device!s} is not available here; pass --device-memory or set {MEMORY_ENV}")
-        props = backend.get_device_properties(device)
-        total = int(props.total_memory)
-        if total <= 0:
-            raise ConfigError(f"device {device!s} reports invalid total memory {total}")
+        total = _device_total(backend, device)
         if budget_basis() == "free":
             free = int(backend.mem_get_info(device)[0])
             rounded = free - free % FREE_STEP if free >= FREE_STEP else free  # never more than is free

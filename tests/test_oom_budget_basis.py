@@ -56,3 +56,31 @@ def test_bad_basis_is_a_config_error_naming_it(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv(BASIS_ENV, "half")
     with pytest.raises(ConfigError, match="PRESCREEN_BUDGET_BASIS='half'"):
         budget_basis()
+
+
+def test_a_devices_total_memory_is_read_once_and_the_live_numbers_every_time(
+    fake_cuda: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device's total memory never changes: read once per device; the per-process cap and free memory are
+    read at every budget."""
+    reads: list[object] = []
+    fraction = {"value": 1.0}
+
+    def props(device: object) -> object:
+        reads.append(device)
+        return types.SimpleNamespace(total_memory=TOTAL if getattr(device, "index", None) == 0 else TOTAL // 2)
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda _d: fraction["value"], raising=False)
+    monkeypatch.delenv(BASIS_ENV, raising=False)
+    zero, one = torch.device("cuda", 0), torch.device("cuda", 1)
+    assert device_memory(zero).total_bytes == TOTAL
+    assert device_memory(one).total_bytes == TOTAL // 2
+    fraction["value"] = 0.5
+    assert device_memory(zero).total_bytes == TOTAL // 2  # the cap, read live
+    assert reads == [zero, one]
+    monkeypatch.setenv(BASIS_ENV, "free")
+    fake_cuda["free"] = 3 * 2**30
+    assert device_memory(zero).total_bytes == 3 * 2**30
+    assert device_memory("cuda").total_bytes == 3 * 2**30  # no index: read every time
+    assert reads == [zero, one, "cuda"]

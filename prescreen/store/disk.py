@@ -71,7 +71,7 @@ DEFAULT_TIMEOUT = 0.5
 DEFAULT_COOLDOWN = 30.0
 HITS_PREFIX = "hits:"
 HIT_FLUSH_SECONDS = 30.0  # hit counts are statistics: written this often (and on close, stats and exit)
-MOVE_CHECK_SECONDS = 1.0  # how often a reader checks that cache.db is still the file it opened
+MOVE_CHECK_SECONDS = 5.0  # how often a reader checks that cache.db is still the file it opened (a stat)
 KEY_ROWS = "SELECT key, filename FROM Cache WHERE raw = 1"
 MAX_HITS = 2**62  # counters saturate here, far inside SQLite's 64-bit integers
 RECOVERY_WAIT = 10.0  # how long a recovering process waits for another one's recovery (openers: ``timeout``)
