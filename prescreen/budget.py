@@ -142,7 +142,7 @@ def _device_total(backend: Any, device: object) -> int:
     known = (props_of, index) if isinstance(index, int) and props_of is not None else None
     if known is not None and known in _totals:
         return _totals[known]
-    if backend is None or not backend.is_available():
+    if not backend.is_available():
         raise ConfigError(f"device {device!s} is not available here; pass --device-memory or set {MEMORY_ENV}")
     total = int(backend.get_device_properties(device).total_memory)
     if total <= 0:
@@ -169,6 +169,8 @@ def device_memory(device: object = None, override: str | int | None = None) -> D
 
     if kind in ("cuda", "npu", "xpu"):
         backend = getattr(torch, kind, None)
+        if backend is None:
+            raise ConfigError(f"device {device!s} is not available here; pass --device-memory or set {MEMORY_ENV}")
         total = _device_total(backend, device)
         if budget_basis() == "free":
             free = int(backend.mem_get_info(device)[0])
