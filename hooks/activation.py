@@ -80,9 +80,10 @@ def install(
 
     The Inductor guard is applied now (or, with ``lazy``, when Inductor's
     ``select_algorithm`` is first imported); the torch_npu guard whenever
-    ``torch_npu._inductor.codegen.triton`` is imported. The store is opened,
-    and the library versions every key holds are read, now too (with
-    ``lazy``, the ``import torch`` autoload: at the first lookup). Explicit ``store``, ``device_memory`` and ``ratio`` override the
+    ``torch_npu._inductor.codegen.triton`` is imported. The store is opened
+    (and its background writer started), and the library versions every key
+    holds are read, now too (with ``lazy``, the ``import torch`` autoload: at
+    the first lookup and the first write). Explicit ``store``, ``device_memory`` and ``ratio`` override the
     environment.
     """
     global _active
@@ -103,8 +104,10 @@ def install(
         if not lazy:
             from prescreen.hooks import state
             from prescreen.key import library_versions
+            from prescreen.store import writer
 
-            state.get_store()  # opened here, not inside the first compile
+            if state.get_store() is not None:  # opened here, not inside the first compile
+                writer.start()  # and the thread that makes its writes started
             library_versions()  # read here too: every key holds them (a few files' headers, once)
 
 

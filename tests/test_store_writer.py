@@ -14,8 +14,9 @@ import pytest
 from test_store_support import BUDGET, make_plan
 
 from prescreen import service
-from prescreen.decision import is_observed_oom
+from prescreen.decision import decide, is_observed_oom
 from prescreen.hooks import state
+from prescreen.key import build_key
 from prescreen.service import COUNTERS, flush_writes, forget, lookup_or_decide, record_observed_oom
 from prescreen.store import DiskStore, writer
 from prescreen.store.entry import Entry
@@ -257,3 +258,20 @@ def test_the_writer_delays_a_write_and_batches_what_comes_meanwhile_unless_a_flu
         while store.get(third.key) is None and time.monotonic() < deadline:  # no flush: made after the delay
             time.sleep(0.02)
         assert store.get(third.key) is not None and batches == [2, 1]
+
+
+def test_a_callback_that_exits_does_not_stop_the_writer(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Even a ``SystemExit`` out of a write's callback is logged: the thread goes on and later writes are made."""
+
+    def leave(_stored: bool) -> None:
+        raise SystemExit(3)
+
+    with DiskStore(tmp_path / "store") as store:
+        first, second = make_plan(8), make_plan(9)
+        first_entry = Entry.new(*build_key(first, BUDGET), first, None, decide(first, BUDGET))
+        writer.submit(store, first_entry, leave)
+        assert flush_writes(10) and "a queued store write failed" in caplog.text
+        thread = writer._queue.thread
+        later = lookup_or_decide(second, BUDGET, store, wait=False)
+        assert flush_writes(10) and store.get(later.key) is not None and store.get(first_entry.key) is not None
+        assert writer._queue.thread is thread and thread is not None and thread.is_alive()

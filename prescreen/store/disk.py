@@ -196,6 +196,7 @@ class DiskStore(Store):
         self._hits = _HitBuffer()  # holds the open cache (``_cache``) too
         self.directory = Path(directory).expanduser() if directory is not None else default_cache_dir()
         self.location = str(self.directory)
+        self._db_path = self.directory / DBNAME  # what ``_follow_moves`` stats
         self.size_limit = resolve_size_limit(size_limit)
         self.timeout = timeout
         self.cooldown = cooldown
@@ -351,7 +352,7 @@ class DiskStore(Store):
         if not write and now - self._moves_checked_at < MOVE_CHECK_SECONDS:
             return
         self._moves_checked_at = now
-        if _file_id(self.directory / DBNAME) != self._db_id:
+        if _file_id(self._db_path) != self._db_id:
             with self._lock:
                 self._close_handles()
                 self._open()

@@ -59,14 +59,21 @@ class _Queue:
 
     def submit(self, store: Store, work: Callable[[], None]) -> None:
         with self.cond:
-            self.items.append((id(store), work))
-            self.by_store[id(store)] += 1
+            store_id = id(store)
+            self.items.append((store_id, work))
+            self.by_store[store_id] = self.by_store.get(store_id, 0) + 1
             self.submitted += 1
-            if self.thread is None or not self.thread.is_alive():
-                self.thread = threading.Thread(target=self.run, name="prescreen-store-writer", daemon=True)
-                self.thread.start()
-                _register_exit_flush()
-            self.cond.notify()
+            self.start()
+            if len(self.items) == 1:  # the writer waits for a first item; later ones wait out its delay with it
+                self.cond.notify()
+
+    def start(self) -> None:
+        """Start the thread unless it was started (hold ``cond``); it never ends (``run`` catches every failure
+        of a write), and a forked child starts with a new queue."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=self.run, name="prescreen-store-writer", daemon=True)
+            self.thread.start()
+            _register_exit_flush()
 
     def take(self) -> list[tuple[int, Callable[[], None]]]:
         """The next batch: what is queued once the first item has waited out the delay (or a flush came)."""
@@ -85,7 +92,7 @@ class _Queue:
             for store_id, work in batch:
                 try:
                     work()
-                except Exception:  # stores never raise on a fault; a bug in one, or in a callback, never stops it
+                except BaseException:  # stores never raise on a fault; a bug in one, or a callback's exit, never stops it
                     log.exception("prescreen: a queued store write failed")
                 with self.cond:
                     self.written += 1
@@ -140,6 +147,13 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def start() -> None:
+    """Start the writer thread now (``install()`` does: a thread's start is not paid inside a compile); the
+    first write starts it otherwise."""
+    with _queue.cond:
+        _queue.start()
 
 
 def submit(store: Store, entry: Entry, done: Done | None = None) -> None:
