@@ -118,10 +118,10 @@ class _Hit:
             c.largest_estimate = self.estimate
 
 
-# The hits plan objects remember (their ticks are folded into COUNTERS and their store's hits) -> (memo, version) they were
-# remembered under. A hit whose memo moved on is dropped by the second fold that sees it so (a lookup
-# that checked the version just before the change may still tick it in between).
-_ticking: dict[_Hit, tuple["_Memo", int]] = {}
+# The hits plan objects remember (their ticks are folded into COUNTERS and their store's hits) -> (memo, token) they
+# were remembered under. A hit whose memo moved on is dropped by the second fold that sees it so (a lookup
+# that checked the token just before the change may still tick it in between).
+_ticking: dict[_Hit, tuple["_Memo", object]] = {}
 _stale: set[_Hit] = set()
 
 
@@ -131,7 +131,7 @@ def _fold() -> None:
     with _lock:
         _unfolded = False  # before reading the ticks: a tick after this sets it again
         stale = []
-        for hit, (memo, version) in _ticking.items():
+        for hit, (memo, token) in _ticking.items():
             value = next(hit.ticks)
             n, hit.seen = value - hit.seen, value + 1
             if n:
@@ -139,7 +139,7 @@ def _fold() -> None:
                 store = memo.store()
                 if store is not None:
                     store.add_hits(n)  # the stores count memo hits as reads too (``_count_hit``)
-            if memo.version != version:
+            if memo.token is not token:
                 stale.append(hit)
         for hit in stale:
             if hit in _stale:
@@ -159,21 +159,19 @@ BEFORE_HITS_READ.append(_fold_if_unfolded)
 
 class _Memo:
     """One store's memo: key -> the hit for what the store holds under that key, as far as this process
-    knows (see ``lookup_or_decide``). ``version`` is bumped on every change, and ``token`` replaced by a
-    new object that the store carries too (``Store.memo_token``); a plan object remembers its last hit in
-    its own ``KernelPlan.cache`` as ``(token, budget, hit)``, valid while the store carries that token."""
+    knows (see ``lookup_or_decide``). ``token`` is replaced by a new object on every change, and the store
+    carries it too (``Store.memo_token``); a plan object remembers its last hit in its own
+    ``KernelPlan.cache`` as ``(token, budget, hit)``, valid while the store carries that token."""
 
-    __slots__ = ("store", "outcomes", "version", "token")
+    __slots__ = ("store", "outcomes", "token")
 
     def __init__(self, store: Store) -> None:
         self.store = weakref.ref(store)
         self.outcomes: dict[str, _Hit] = {}
-        self.version = 0
         self.token = object()
         store.memo_token = self.token
 
     def changed(self) -> None:
-        self.version += 1
         self.token = object()
         store = self.store()
         if store is not None:
@@ -267,7 +265,7 @@ def lookup_or_decide(
     start = time.perf_counter()
     memo = None if store is None else _memos.get(id(store))
     if store is not None and memo is not None and memo.store() is store:
-        version, token = memo.version, memo.token
+        token = memo.token
         found = memo.outcomes.get(build_key(plan, budget)[0])
         if found is not None:
             with _lock:
@@ -275,7 +273,7 @@ def lookup_or_decide(
                     plan.cache.lookup = (token, budget, found)
                     if len(_ticking) >= 4 * MEMO_SIZE:
                         _fold()  # drops the hits whose memo moved on
-                    _ticking[found] = (memo, version)
+                    _ticking[found] = (memo, token)
                     _stale.discard(found)
             outcome = _count_hit(found, store, plan)
             with _lock:
