@@ -14,7 +14,7 @@ import inspect
 import logging
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import sympy
 
@@ -117,13 +117,21 @@ class _SymbolFacts:
 
 _facts_by_graph: "weakref.WeakKeyDictionary[Any, _SymbolFacts]" = weakref.WeakKeyDictionary()
 
+T = TypeVar("T")
+
+
+def _kept(table: "weakref.WeakKeyDictionary[Any, T]", owner: Any, new: T) -> T:
+    """What ``table`` keeps for ``owner`` (``new`` the first time; dropped with ``owner``), or ``new`` alone
+    where ``owner`` is not weakly referenceable."""
+    try:
+        return table.setdefault(owner, new)
+    except TypeError:
+        return new
+
 
 def _symbol_facts(sizevars: Any) -> _SymbolFacts:
     """The facts already read of ``sizevars``' symbols (dropped with it)."""
-    try:
-        return _facts_by_graph.setdefault(sizevars, _SymbolFacts())
-    except TypeError:  # not weakly referenceable: nothing is kept
-        return _SymbolFacts()
+    return _kept(_facts_by_graph, sizevars, _SymbolFacts())
 
 
 class _Converter:
@@ -552,10 +560,7 @@ def plans_for_fusion(scheduler: Any, node1: Any, node2: Any) -> list[KernelPlan]
     """
     from torch._inductor.virtualized import V
 
-    try:
-        built = _fusion_plans.setdefault(scheduler, {})
-    except TypeError:  # not weakly referenceable: nothing is kept
-        built = {}
+    built: dict[tuple[object, ...], KernelPlan] = _kept(_fusion_plans, scheduler, {})
     device = _fusion_device(node1)
     plans: list[KernelPlan] = []
     for kernel_name, nodes in _fusion_kernels(node1, node2):
