@@ -196,7 +196,7 @@ class DiskStore(Store):
         self._hits = _HitBuffer()  # holds the open cache (``_cache``) too
         self.directory = Path(directory).expanduser() if directory is not None else default_cache_dir()
         self.location = str(self.directory)
-        self._db_path = self.directory / DBNAME  # what ``_follow_moves`` stats
+        self._db_path = self.directory / DBNAME
         self.size_limit = resolve_size_limit(size_limit)
         self.timeout = timeout
         self.cooldown = cooldown
@@ -251,9 +251,9 @@ class DiskStore(Store):
                         "recovery.lock is held by another process",
                         f"waited {self.timeout:g} s for its recovery to finish; opening without it",
                     )
-                create_private_file(self.directory / DBNAME)  # SQLite gives -wal/-shm the database's mode
+                create_private_file(self._db_path)  # SQLite gives -wal/-shm the database's mode
                 cache = self._new_cache()
-                identity = _file_id(self.directory / DBNAME)
+                identity = _file_id(self._db_path)
             self._cache, self._db_id, self._healthy = cache, identity, True
             if needs_salvage(self.directory):
                 self._resume()
@@ -262,7 +262,7 @@ class DiskStore(Store):
             fault, error = classify(exc), exc
         if fault is Fault.CORRUPT and self._recover(error):
             return
-        if fault in (Fault.READ_ONLY, Fault.UNAVAILABLE) and (self.directory / DBNAME).is_file():
+        if fault in (Fault.READ_ONLY, Fault.UNAVAILABLE) and self._db_path.is_file():
             try:
                 self._reader = ReadOnlyCache(self.directory, self.timeout)
             except Exception:
@@ -290,9 +290,9 @@ class DiskStore(Store):
         try:
             with recovery_lock(self.directory, wait=max(self.timeout, RECOVERY_WAIT)):
                 moved = quarantine(self.directory, self.timeout)
-                create_private_file(self.directory / DBNAME)
+                create_private_file(self._db_path)
                 cache = self._new_cache()
-                identity = _file_id(self.directory / DBNAME)
+                identity = _file_id(self._db_path)
                 restored = salvage(cache, self.directory, self.signer)
         except Exception as exc:
             self.warn_once(Fault.CORRUPT.value, f"{error}; recovery failed: {exc}")
