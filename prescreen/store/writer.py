@@ -53,7 +53,7 @@ class _Queue:
         self.items: collections.deque[tuple[int, Callable[[], None]]] = collections.deque()
         self.submitted = 0
         self.written = 0  # submitted items that have run (stored or not)
-        self.by_store: collections.Counter[int] = collections.Counter()  # id(store) -> its items not yet run
+        self.by_store: dict[int, int] = {}  # id(store) -> its items not yet run
         self.flushing = 0  # flushes waiting: the writer does not delay then
         self.thread: threading.Thread | None = None
 
