@@ -22,11 +22,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import gpu_coverage  # noqa: E402
 
-from prescreen import service  # noqa: E402
+from prescreen import (
+    key,  # noqa: E402
+    service,  # noqa: E402
+)
 from prescreen.hooks import select_algorithm, state, triton_autotune  # noqa: E402
-from prescreen.store import disk  # noqa: E402
+from prescreen.store import disk, entry, writer  # noqa: E402
 
 totals: collections.Counter[str] = collections.Counter()
+cpu: collections.Counter[str] = collections.Counter()
 calls: collections.Counter[str] = collections.Counter()
 
 PIECES: dict[ModuleType, tuple[str, ...]] = {
@@ -37,6 +41,7 @@ PIECES: dict[ModuleType, tuple[str, ...]] = {
                       "lookup_or_decide"),
     state: ("budget_for", "get_store", "log_once"),
     service: ("build_key", "try_representatives", "decide_with"),
+    key: ("canonical_texts",),
 }
 
 
@@ -45,15 +50,20 @@ def install_timers() -> None:
     for module, names in PIECES.items():
         short = module.__name__.rsplit(".", 1)[-1]
         for name in names:
-            setattr(module, name, gpu_coverage.timed(getattr(module, name), totals, f"{short}.{name}", calls))
+            setattr(module, name, gpu_coverage.timed(getattr(module, name), totals, f"{short}.{name}", calls, cpu))
     disk.DiskStore._read = gpu_coverage.timed(  # type: ignore[method-assign]
-        disk.DiskStore._read, totals, "DiskStore._read (SQLite)", calls)
+        disk.DiskStore._read, totals, "DiskStore._read (SQLite)", calls, cpu)
+    disk.DiskStore.lookup = gpu_coverage.timed(  # type: ignore[method-assign]
+        disk.DiskStore.lookup, totals, "DiskStore.lookup (read + decode)", calls, cpu)
+    entry.Entry.from_json = staticmethod(gpu_coverage.timed(  # type: ignore[method-assign]
+        entry.Entry.from_json, totals, "Entry.from_json (decode)", calls, cpu))
+    writer.submit = gpu_coverage.timed(writer.submit, totals, "writer.submit", calls, cpu)
 
 
 def report() -> None:
-    print("== pieces: total ms, calls")
+    print("== pieces: total ms (wall), the calling thread's CPU ms, calls")
     for label, seconds in totals.most_common():
-        print(f"  {1e3 * seconds:9.3f} ms {calls[label]:5d}  {label}")
+        print(f"  {1e3 * seconds:9.3f} ms {1e3 * cpu[label]:9.3f} ms {calls[label]:5d}  {label}")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from prescreen.budget import Budget
 from prescreen.errors import NotBounded, Reason
@@ -37,24 +38,46 @@ class Decision:
     dominant_arg: ArgFootprint | None
     group_bytes: tuple[tuple[int, int], ...]
     estimator_version: int = ESTIMATOR_VERSION
+    # A decision read by a lookup: the JSON text of its ``DETAIL_FIELDS``, decoded on first access (``__getattr__``).
+    _details: str | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     @property
     def tune(self) -> bool:
         return self.action == "tune"
 
     def to_payload(self) -> dict[str, object]:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d = {name: getattr(self, name) for name in _PAYLOAD_FIELDS}
         d["dominant_arg"] = self.dominant_arg.to_payload() if self.dominant_arg else None
         d["group_bytes"] = [[g, b] for g, b in self.group_bytes]
         return d
 
+    if not TYPE_CHECKING:  # hidden from mypy, which would otherwise accept any attribute name
+
+        def __getattr__(self, name: str) -> object:
+            """A detail field of a decision read by a lookup (``with_details``): decoded on first access."""
+            if name not in DETAIL_FIELDS:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            dominant, groups = _decode_details(self)
+            object.__setattr__(self, "dominant_arg", dominant)
+            object.__setattr__(self, "group_bytes", groups)
+            return dominant if name == "dominant_arg" else groups
+
     @staticmethod
-    def from_payload(d: Mapping[str, object]) -> "Decision":
-        """Strictly validate a stored decision; raises ``ValueError`` on anything off."""
+    def from_payload(d: Mapping[str, object], details: str | None = None) -> "Decision":
+        """Strictly validate a stored decision; raises ``ValueError`` on anything off.
+
+        With ``details`` (the JSON text of ``DETAIL_FIELDS``, which ``d`` then lacks), what a hit
+        needs is validated now and the per-group bytes and dominant argument on first access:
+        where they are not valid (or do not add up to ``synthetic_bytes``), they read as ``()``
+        and ``None``. A lookup passes it; listings, imports and bundles validate everything at once.
+        """
         if not isinstance(d, Mapping):
             raise ValueError(f"decision must be a mapping, got {type(d).__name__}")
-        if d.keys() != _FIELDS:
-            raise ValueError(f"decision fields differ: missing {sorted(_FIELDS - set(d))}, extra {sorted(set(d) - _FIELDS)}")
+        lazy = details is not None
+        expected = _HEAD_FIELDS if lazy else _FIELDS
+        if d.keys() != expected:
+            raise ValueError(f"decision fields differ: missing {sorted(expected - set(d))}, "
+                             f"extra {sorted(set(d) - expected)}")
         action = d["action"]
         if action not in ("tune", "fallback"):
             raise ValueError(f"bad action {action!r}")
@@ -76,30 +99,38 @@ class Decision:
         ratio = d["ratio"]
         if ratio.__class__ not in (int, float) or not 0 < ratio <= 1:
             raise ValueError(f"bad ratio {ratio!r}")
+        fields = {
+            "action": action,
+            "bounded": d["bounded"],
+            "enable_auto_blockify": d["enable_auto_blockify"],
+            **ints,
+            "ratio": float(ratio),
+            "device_kind": d["device_kind"],
+            "reason": d["reason"],
+        }
+        if lazy:
+            decision = object.__new__(Decision)
+            for name, value in fields.items():
+                object.__setattr__(decision, name, value)
+            object.__setattr__(decision, "_details", details)
+            _check_consistent(decision, groups=False)
+            return decision
         group_bytes, sizes = _group_pairs(d["group_bytes"])
         dom = d["dominant_arg"]
         decision = Decision(
-            action=action,
-            bounded=d["bounded"],  # type: ignore[arg-type]
-            enable_auto_blockify=d["enable_auto_blockify"],  # type: ignore[arg-type]
-            estimated_bytes=ints["estimated_bytes"],
-            synthetic_bytes=ints["synthetic_bytes"],
-            mutated_clone_bytes=ints["mutated_clone_bytes"],
-            budget_bytes=ints["budget_bytes"],  # type: ignore[arg-type]
-            total_memory=ints["total_memory"],  # type: ignore[arg-type]
-            ratio=float(ratio),
-            device_kind=d["device_kind"],  # type: ignore[arg-type]
-            reason=d["reason"],  # type: ignore[arg-type]
-            largest_group_id=ints["largest_group_id"],
             dominant_arg=None if dom is None else ArgFootprint.from_payload(dom),
             group_bytes=group_bytes,
-            estimator_version=ints["estimator_version"],  # type: ignore[arg-type]
+            **fields,  # type: ignore[arg-type]
         )
         _check_consistent(decision, sizes)
         return decision
 
 
-_FIELDS = frozenset(f.name for f in dataclasses.fields(Decision))
+_PAYLOAD_FIELDS = tuple(f.name for f in dataclasses.fields(Decision) if f.init)
+_FIELDS = frozenset(_PAYLOAD_FIELDS)
+#: The fields a hit does not need: stored on a line of their own and decoded on first access after a lookup.
+DETAIL_FIELDS = ("dominant_arg", "group_bytes")
+_HEAD_FIELDS = _FIELDS - set(DETAIL_FIELDS)
 _INT_FIELDS = ("estimated_bytes", "synthetic_bytes", "mutated_clone_bytes", "budget_bytes", "total_memory",
                "largest_group_id", "estimator_version")
 _REQUIRED_INTS = ("budget_bytes", "total_memory", "estimator_version")
@@ -124,10 +155,11 @@ def _group_pairs(groups: object) -> tuple[tuple[tuple[int, int], ...], tuple[int
     return tuple(zip(ids, sizes)), sizes
 
 
-def _check_consistent(d: Decision, sizes: tuple[int, ...] | None = None) -> None:
+def _check_consistent(d: Decision, sizes: tuple[int, ...] | None = None, groups: bool = True) -> None:
     """Reject a decision whose numbers do not give its action (a tampered or corrupt value).
 
-    ``sizes``: the bytes of ``d.group_bytes`` in order, where the caller has them.
+    ``sizes``: the bytes of ``d.group_bytes`` in order, where the caller has them. ``groups=False``:
+    everything but what involves the detail fields (a lookup's decision, checked on first access).
     """
     if d.total_memory <= 0 or d.budget_bytes != int(d.total_memory * d.ratio):
         raise ValueError(f"budget_bytes={d.budget_bytes} is not int(total_memory={d.total_memory} * ratio={d.ratio})")
@@ -135,8 +167,8 @@ def _check_consistent(d: Decision, sizes: tuple[int, ...] | None = None) -> None
         raise ValueError("enable_auto_blockify is only set on a fallback")
     numbers = (d.estimated_bytes, d.synthetic_bytes, d.mutated_clone_bytes)
     if not d.bounded:
-        if d.action != "fallback" or any(n is not None for n in numbers) or d.group_bytes or (
-            d.largest_group_id is not None or d.dominant_arg is not None
+        if d.action != "fallback" or any(n is not None for n in numbers) or d.largest_group_id is not None or (
+            groups and (d.group_bytes or d.dominant_arg is not None)
         ):
             raise ValueError("a not-bounded decision must be a fallback without footprint numbers")
         return
@@ -145,6 +177,10 @@ def _check_consistent(d: Decision, sizes: tuple[int, ...] | None = None) -> None
         raise ValueError(f"estimated_bytes={est} must equal synthetic_bytes={syn} + mutated_clone_bytes={mut}")
     if (d.action == "tune") != (est <= d.budget_bytes) and not is_observed_oom(d):
         raise ValueError(f"action={d.action} contradicts estimated_bytes={est} vs budget_bytes={d.budget_bytes}")
+    if not groups:
+        if syn != 0 and d.largest_group_id is None:  # bytes in some group, so there is a largest one
+            raise ValueError("group_bytes do not add up to synthetic_bytes")
+        return
     largest = None
     if d.group_bytes:
         if sizes is None:
@@ -156,6 +192,22 @@ def _check_consistent(d: Decision, sizes: tuple[int, ...] | None = None) -> None
         raise ValueError("group_bytes do not add up to synthetic_bytes")
     if d.largest_group_id != largest:
         raise ValueError(f"largest_group_id={d.largest_group_id} is not the largest group ({largest})")
+
+
+def _decode_details(d: Decision) -> tuple[ArgFootprint | None, tuple[tuple[int, int], ...]]:
+    """``(dominant_arg, group_bytes)`` from a lookup's decision's details text, checked against its numbers;
+    ``(None, ())`` where they are not valid (never raises)."""
+    try:
+        found = json.loads(d._details or "")
+        if not isinstance(found, dict) or found.keys() != set(DETAIL_FIELDS):
+            return None, ()
+        groups, sizes = _group_pairs(found["group_bytes"])
+        raw = found["dominant_arg"]
+        dominant = None if raw is None else ArgFootprint.from_payload(raw)
+        _check_consistent(dataclasses.replace(d, dominant_arg=dominant, group_bytes=groups), sizes)
+        return dominant, groups
+    except (ValueError, TypeError, KeyError, RecursionError, AttributeError):
+        return None, ()
 
 
 def is_observed_oom(d: Decision) -> bool:

@@ -8,6 +8,7 @@ miss) or a decision that round-trips.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from typing import Any
 
@@ -17,12 +18,12 @@ from hypothesis import strategies as st
 from test_store_support import BUDGET, make_plan
 
 from prescreen.budget import Budget
-from prescreen.decision import Decision, decide, is_observed_oom
+from prescreen.decision import DETAIL_FIELDS, Decision, decide, is_observed_oom
 from prescreen.footprint import ArgFootprint
 from prescreen.store import entry as entry_module
 from prescreen.store.entry import InvalidEntry, parse_json
 
-_FIELDS = frozenset(Decision.__dataclass_fields__)
+_FIELDS = frozenset(f.name for f in dataclasses.fields(Decision) if f.init)
 _ARG_FIELDS = frozenset(ArgFootprint.__dataclass_fields__)
 
 
@@ -104,6 +105,39 @@ def test_a_hostile_decision_is_a_value_error_or_a_decision_that_round_trips(payl
         assert result[1][0] is ValueError  # type: ignore[index]
     else:
         assert Decision.from_payload(result[1].to_payload()) == result[1]  # type: ignore[union-attr]
+
+
+def lazy_decode(payload: Any) -> Decision:
+    """What a lookup decodes: the decision's head now, its details (kept as JSON text) on first access."""
+    if not isinstance(payload, dict):
+        return Decision.from_payload(payload, details="{}")
+    head = {k: v for k, v in payload.items() if k not in DETAIL_FIELDS}
+    details = json.dumps({k: payload[k] for k in DETAIL_FIELDS if k in payload})
+    decision = Decision.from_payload(head, details=details)
+    decision.group_bytes, decision.dominant_arg  # noqa: B018 - first access decodes them; it must never raise
+    return decision
+
+
+@settings(max_examples=1500, deadline=None)
+@given(edited(PAYLOADS, DECISION_PATHS))
+def test_a_lookup_decodes_as_the_full_check_except_that_bad_details_read_as_empty(payload: Any) -> None:
+    """Differential: a lookup's decision (details decoded on first access) against the full decode of the same
+    value. What the full check accepts, a lookup accepts equal; what a lookup refuses, the full check refuses;
+    what a lookup accepts and the full check refuses has details that read as empty (only they are bad)."""
+    if isinstance(payload, dict):  # the details as a lookup gets them: through JSON text (a tuple is a list, ...)
+        payload = {k: json.loads(json.dumps(v)) if k in DETAIL_FIELDS else v for k, v in payload.items()}
+    full, lazy = outcome(Decision.from_payload, payload), outcome(lazy_decode, payload)
+    if lazy[0] == "error":
+        assert lazy[1][0] is ValueError and full[0] == "error"  # type: ignore[index]
+    elif full[0] == "ok":
+        assert lazy[1] == full[1]
+    else:
+        decision: Decision = lazy[1]  # type: ignore[assignment]
+        assert (decision.group_bytes, decision.dominant_arg) == ((), None)
+        bare = dict(payload, group_bytes=[], dominant_arg=None)  # the head alone is valid ...
+        if decision.synthetic_bytes:  # ... save the checks that need the details
+            bare["group_bytes"] = [[decision.largest_group_id, decision.synthetic_bytes]]
+        assert outcome(Decision.from_payload, bare)[0] == "ok", bare
 
 
 @pytest.mark.parametrize("payload", PAYLOADS, ids=lambda p: p["reason"][:20])

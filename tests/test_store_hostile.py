@@ -186,13 +186,17 @@ def test_tiered_store(redis_url: str, client: redis.Redis, hostile: tuple[str, s
 
 
 def bundle_item(text: str) -> str:
-    """A stored entry text (maybe hostile) as a bundle's entry: one JSON object, the plan line as its plan field.
+    """A stored entry text (maybe hostile) as a bundle's entry: one JSON object, the details line's fields in its
+    decision, the plan line as its plan field.
 
-    The head line is kept as it is (raw numbers such as ``Infinity`` stay); a text without a plan line is used whole.
+    The head line is kept as it is (raw numbers such as ``Infinity`` stay); a text without three lines is used whole.
     """
-    head, newline, plan = text.partition("\n")
-    if not newline or not head.endswith("}"):
+    lines = text.split("\n")
+    if len(lines) != 3 or not lines[0].endswith("}"):
         return text
+    head, details, plan = lines
+    if details.startswith("{") and details.endswith("}") and details != "{}":
+        head = head.replace('"decision":{', '"decision":{' + details[1:-1] + ",", 1)
     return head[:-1] + ',"plan":' + json.dumps(plan) + "}"
 
 

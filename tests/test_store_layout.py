@@ -33,12 +33,15 @@ def _edit(text: str, **fields: object) -> str:
     return entry_text(d)
 
 
-def test_the_plan_is_the_second_line_and_round_trips() -> None:
+def test_the_details_and_the_plan_are_lines_of_their_own_and_round_trip() -> None:
     entry = make_entry(SEED)
-    head, plan_line = entry.to_json().split("\n")  # exactly two lines
+    head, details, plan_line = entry.to_json().split("\n")  # exactly three lines
     assert "plan" not in json.loads(head) and plan_line == entry.plan_text == payload_text(make_plan(SEED))
+    assert json.loads(details) == {"dominant_arg": entry.decision.to_payload()["dominant_arg"],
+                                   "group_bytes": [list(pair) for pair in entry.decision.group_bytes]}
+    assert not {"dominant_arg", "group_bytes"} & json.loads(head)["decision"].keys()
     stored = entry_fields(entry.to_json())
-    assert stored["schema_version"] == SCHEMA_VERSION == 3
+    assert stored["schema_version"] == SCHEMA_VERSION == 4
     assert isinstance(stored["plan"], str) and entry.to_payload()["plan"] == plan_line
     assert stored["dynamic"] is make_plan(SEED).is_dynamic is True  # x0 and r0 have no static value
     assert KernelPlan.from_payload(entry.plan) == make_plan(SEED)
@@ -82,12 +85,17 @@ def test_a_dynamic_flag_that_disagrees_with_the_plan_is_invalid_wherever_the_pla
         assert not outcome.hit and outcome.decision == decide(make_plan(SEED), BUDGET)
 
 
-@pytest.mark.parametrize("schema", [1, 2])
+@pytest.mark.parametrize("schema", [1, 2, 3])
 def test_old_schema_entries_are_misses(tmp_path: Path, schema: int, caplog: pytest.LogCaptureFixture) -> None:
     entry = make_entry(SEED)
     # Schemas 1 and 2 were one JSON line: 1 embedded the plan object, 2 held its text as a string field.
+    # Schema 3 was two lines: the head (the whole decision in it), then the plan.
     fields = dict(entry.to_payload(), schema_version=schema, plan=entry.plan if schema == 1 else entry.plan_text)
-    old = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    if schema == 3:
+        del fields["plan"]
+        old = json.dumps(fields, sort_keys=True, separators=(",", ":")) + "\n" + entry.plan_text
+    else:
+        old = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     with DiskStore(tmp_path) as store, caplog.at_level(logging.WARNING, logger="prescreen.store"):
         assert store._cache is not None
         store._cache.set(entry.key, old)
@@ -264,3 +272,81 @@ def test_the_identity_fast_path_holds_no_plan_objects() -> None:
         build_key(plans[1], BUDGET)  # the same object again: nothing is written
     assert writing.call_count == 2
     assert hashing.call_count == 3  # plan text, family text, key parts (once: the key is memoised)
+
+
+def _details_line(text: str, details: str) -> str:
+    head, _, plan = text.split("\n")
+    return head + "\n" + details + "\n" + plan
+
+
+def test_a_lookup_decodes_the_details_on_first_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Schema 4: a lookup parses the head line only; the per-group bytes are decoded when first read."""
+    from prescreen import decision as decision_module
+
+    plan = make_plan(SEED)
+    decodes: list[object] = []
+    real = decision_module._decode_details
+    monkeypatch.setattr(decision_module, "_decode_details", lambda d: decodes.append(d) or real(d))
+    with DiskStore(tmp_path) as store:
+        lookup_or_decide(plan, BUDGET, store, wait=True)
+        key = build_key(plan, BUDGET)[0]
+        looked = store.lookup(key)
+        assert looked is not None and looked.decision.tune == decide(plan, BUDGET).tune and decodes == []
+        full = store.get(key)  # ``get`` (inspect) decodes everything at once
+        assert full is not None and decodes == []
+        assert looked.decision.group_bytes == full.decision.group_bytes == decide(plan, BUDGET).group_bytes
+        assert len(decodes) == 1
+        assert looked.decision.dominant_arg == full.decision.dominant_arg and len(decodes) == 1  # decoded once
+        assert looked.decision == full.decision == decide(plan, BUDGET)
+
+
+BAD_DETAILS = {
+    "not-json": "{",
+    "deep": "[" * 5000 + "]" * 5000,
+    "empty-object": "{}",
+    "extra-field": None,  # built from the genuine line below
+    "sum-off": None,
+    "bool-group": None,
+    "dominant-not-an-object": None,
+}
+
+
+def _bad_details(name: str, genuine: str) -> str:
+    found = json.loads(genuine)
+    if name == "extra-field":
+        found["extra"] = 1
+    elif name == "sum-off":
+        found["group_bytes"][-1][1] += 8
+    elif name == "bool-group":
+        found["group_bytes"][0][0] = True
+    elif name == "dominant-not-an-object":
+        found["dominant_arg"] = [1]
+    else:
+        return BAD_DETAILS[name]  # type: ignore[return-value]
+    return json.dumps(found)
+
+
+@pytest.mark.parametrize("name", sorted(BAD_DETAILS))
+def test_bad_details_read_as_empty_on_a_hit_and_invalid_everywhere_else(
+    tmp_path: Path, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The verdict a hit uses is checked in full; details that do not hold read as empty there, and every
+    path that decodes them (``get``, listings, ``inspect --verify``, imports) refuses the entry."""
+    entry = make_entry(SEED)
+    text = entry.to_json()
+    hostile = _details_line(text, _bad_details(name, text.split("\n")[1]))
+    with pytest.raises(InvalidEntry):
+        Entry.from_json(hostile)
+    with pytest.raises(InvalidEntry):
+        Entry.from_json(hostile, entry.key)
+    looked = Entry.from_json(hostile, entry.key, lazy=True)
+    assert looked.decision.tune == entry.decision.tune and looked.decision.reason == entry.decision.reason
+    assert (looked.decision.group_bytes, looked.decision.dominant_arg) == ((), None)
+    with DiskStore(tmp_path) as store, caplog.at_level(logging.WARNING, logger="prescreen.store"):
+        assert store._cache is not None
+        store._cache.set(entry.key, hostile)
+        assert store.get(entry.key) is None and list(store.entries()) == []
+        outcome = lookup_or_decide(make_plan(SEED), BUDGET, store)
+        assert outcome.hit and outcome.decision.tune == entry.decision.tune
+    result = CliRunner().invoke(cli, ["--cache-dir", str(tmp_path), "inspect", "--verify"])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output

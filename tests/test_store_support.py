@@ -65,9 +65,11 @@ def warnings_of(caplog: object) -> list[str]:
 
 
 def entry_fields(text: str | bytes) -> dict[str, Any]:
-    """A stored entry text (head line, newline, plan line) as one payload dict, the plan a string field."""
-    head, _, plan = (text.decode() if isinstance(text, bytes) else text).partition("\n")
+    """A stored entry text (head, details and plan lines) as one payload dict: the details in the decision,
+    the plan a string field."""
+    head, details, plan = (text.decode() if isinstance(text, bytes) else text).split("\n")
     fields: dict[str, Any] = json.loads(head)
+    fields["decision"].update(json.loads(details))
     fields["plan"] = plan
     return fields
 

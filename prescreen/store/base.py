@@ -76,8 +76,11 @@ class Store(abc.ABC):
             self._warned.add(what)
         log.warning("prescreen %s store at %s: %s (%s); treating as a miss", self.backend, self.location, what, exc)
 
-    def decode(self, key: str, raw: object, *, warn: bool = True) -> Entry | None:
-        """The valid entry in a stored value (JSON text), or None with one warning per kind of fault."""
+    def decode(self, key: str, raw: object, *, warn: bool = True, lazy: bool = False) -> Entry | None:
+        """The valid entry in a stored value (JSON text), or None with one warning per kind of fault.
+
+        ``lazy``: a lookup's decode, whose decision's details are decoded on first access (``Entry.from_json``).
+        """
         if raw is None:
             return None
         try:
@@ -86,7 +89,7 @@ class Store(abc.ABC):
                 if why is not None:
                     raise InvalidEntry(str(why))
                 raise InvalidEntry(f"value is a {type(raw).__name__}, not JSON text")
-            return Entry.from_json(raw, expected_key=key, signer=self.signer)
+            return Entry.from_json(raw, expected_key=key, signer=self.signer, lazy=lazy)
         except InvalidEntry as exc:
             if warn:
                 if isinstance(exc, UnsignedEntry):

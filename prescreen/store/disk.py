@@ -407,8 +407,8 @@ class DiskStore(Store):
 
     # -- decoding -----------------------------------------------------------
 
-    def _decode(self, key: str, raw: object, *, warn: bool = True) -> Entry | None:
-        return self.decode(key, raw, warn=warn)  # a Refused (pickled/binary) row is reported, never unpickled
+    def _decode(self, key: str, raw: object, *, warn: bool = True, lazy: bool = False) -> Entry | None:
+        return self.decode(key, raw, warn=warn, lazy=lazy)  # a Refused (pickled/binary) row is reported, never unpickled
 
     def _stored_hits(self, key: str) -> int:
         value = self._run(False, lambda c: c.get(HITS_PREFIX + key), None)
@@ -449,7 +449,7 @@ class DiskStore(Store):
 
     def _hit(self, key: str, later: bool) -> tuple[Entry | None, int]:
         """The valid entry under ``key`` (its hit buffered, see ``_count_hit``) and its hits not yet written."""
-        entry = self._decode(key, self._read(key))
+        entry = self._decode(key, self._read(key), lazy=later)  # a lookup decodes what a hit needs
         if entry is None:
             self.misses += 1
             return None, 0

@@ -1,11 +1,14 @@
 """A stored decision: JSON text, validated on the way back in.
 
-Schema 3 stores the decision apart from the plan: the stored text is a head
-line (key, key parts, decision, provenance: sorted-key JSON) and, after one
-newline, the plan's canonical JSON text (``signing.canonical``). A lookup
-parses the head line only; listings, imports, bundles and ``inspect --verify``
-decode the plan (``Entry.plan``). In a payload (bundles, ``inspect --json``)
-the plan is one string field, ``plan``. The signature covers both lines. ``dynamic`` (the plan has
+Schema 4 stores the decision apart from the plan: the stored text is a head
+line (key, key parts, decision, provenance: sorted-key JSON), the decision's
+details line (its per-group bytes and dominant argument, which a hit does not
+need) and the plan's canonical JSON text, one per line (``signing.canonical``).
+A lookup parses the head line only and leaves the details to be decoded when
+first read; ``get``, listings, imports, bundles and ``inspect --verify`` decode the
+details, and all but ``get`` the plan too (``Entry.plan``). In a payload (bundles,
+``inspect --json``) the details are in the decision and the plan is one string
+field, ``plan``. The signature covers every line. ``dynamic`` (the plan has
 an axis without a static value) is stored beside the decision so a hit can check
 the decision's ``enable_auto_blockify`` without decoding the plan; wherever the
 plan is decoded, ``dynamic`` must match it.
@@ -24,7 +27,7 @@ from collections.abc import Callable, Mapping
 from prescreen.decision import Decision
 from prescreen.key import SCHEMA_VERSION, KeyParts, family_hash, known_parts, payload_text
 from prescreen.plan import KernelPlan
-from prescreen.store.signing import PLAN_FIELD, SIGNATURE_FIELD, BadSignature, Signer, canonical
+from prescreen.store.signing import DECISION_FIELD, PLAN_FIELD, SIGNATURE_FIELD, BadSignature, Signer, canonical
 
 MAX_ENTRY_BYTES = 4 * 2**20  # an entry's JSON text is a few KiB; anything above this cap is refused unread
 MAX_DEPTH = 64  # nesting of a stored plan or family; a valid plan expression is a few levels deep
@@ -116,8 +119,14 @@ class Entry:
         return canonical(self.signed_payload(signer))
 
     @staticmethod
-    def from_payload(d: object, expected_key: str | None = None, signer: Signer | None = None) -> "Entry":
-        """Validate a decoded entry (and its signature, given a signer); raises ``InvalidEntry`` and nothing else."""
+    def from_payload(
+        d: object, expected_key: str | None = None, signer: Signer | None = None, details: str | None = None
+    ) -> "Entry":
+        """Validate a decoded entry (and its signature, given a signer); raises ``InvalidEntry`` and nothing else.
+
+        ``details``: the stored details line, where ``d``'s decision lacks them (a lookup; see
+        ``Decision.from_payload``).
+        """
         try:
             if signer is not None:
                 if not isinstance(d, Mapping):
@@ -126,7 +135,7 @@ class Entry:
                     signer.verify(d)
                 except BadSignature as exc:
                     raise UnsignedEntry(str(exc)) from None
-            return Entry._from_payload(d, expected_key)
+            return Entry._from_payload(d, expected_key, details)
         except InvalidEntry:
             raise
         except RecursionError:
@@ -137,7 +146,7 @@ class Entry:
             raise InvalidEntry(f"malformed entry: {exc!r}") from None
 
     @staticmethod
-    def _from_payload(d: object, expected_key: str | None) -> "Entry":
+    def _from_payload(d: object, expected_key: str | None, details: str | None) -> "Entry":
         if not isinstance(d, Mapping):
             raise InvalidEntry(f"entry must be a JSON object, got {type(d).__name__}")
         schema = d.get("schema_version")
@@ -145,21 +154,25 @@ class Entry:
             raise InvalidEntry(f"entry has schema {schema!r}, this prescreen reads schema {SCHEMA_VERSION}")
         try:
             raw_parts = d["parts"]
-            versions = raw_parts["versions"]
-            if not isinstance(versions, Mapping):
-                raise InvalidEntry("parts.versions must be a JSON object")
-            parts = KeyParts(
-                plan_hash=_str(raw_parts, "plan_hash"),
-                family_hash=_str(raw_parts, "family_hash"),
-                device_kind=_str(raw_parts, "device_kind"),
-                total_memory=_int(raw_parts, "total_memory"),
-                ratio=_finite(raw_parts, "ratio"),
-                schema_version=_int(raw_parts, "schema_version"),
-                estimator_version=_int(raw_parts, "estimator_version"),
-                versions=_versions(versions),
-            )
+            known = None if expected_key is None else known_parts(expected_key)
+            if known is not None and known.matches(raw_parts):
+                parts = known  # the caller's own parts: valid, and digested into the key
+            else:
+                versions = raw_parts["versions"]
+                if not isinstance(versions, Mapping):
+                    raise InvalidEntry("parts.versions must be a JSON object")
+                parts = KeyParts(
+                    plan_hash=_str(raw_parts, "plan_hash"),
+                    family_hash=_str(raw_parts, "family_hash"),
+                    device_kind=_str(raw_parts, "device_kind"),
+                    total_memory=_int(raw_parts, "total_memory"),
+                    ratio=_finite(raw_parts, "ratio"),
+                    schema_version=_int(raw_parts, "schema_version"),
+                    estimator_version=_int(raw_parts, "estimator_version"),
+                    versions=_versions(versions),
+                )
             key = _str(d, "key")
-            decision = Decision.from_payload(d["decision"])
+            decision = Decision.from_payload(d["decision"], details)
             plan_text = _str(d, "plan")
             dynamic = d["dynamic"]
             if type(dynamic) is not bool:
@@ -207,11 +220,15 @@ class Entry:
         return entry
 
     @staticmethod
-    def from_json(text: str | bytes, expected_key: str | None = None, signer: Signer | None = None) -> "Entry":
+    def from_json(
+        text: str | bytes, expected_key: str | None = None, signer: Signer | None = None, *, lazy: bool = False
+    ) -> "Entry":
         """Parse and validate stored text; raises ``InvalidEntry`` (never anything else) naming what is wrong.
 
         With a signer the signature is checked on the text itself, before parsing.
-        Only the head line is parsed here; the plan line is kept as text.
+        The plan line is kept as text. ``lazy`` (a lookup, with ``expected_key``): the
+        details line is kept as text too, and decoded when the decision's
+        ``DETAIL_FIELDS`` are first read (``Decision.from_payload``).
         """
         if len(text) > MAX_ENTRY_BYTES:
             raise InvalidEntry(f"entry is {len(text)} bytes, over the {MAX_ENTRY_BYTES}-byte cap")
@@ -225,16 +242,25 @@ class Entry:
                 signer.verify_text(text)
             except BadSignature as exc:
                 raise UnsignedEntry(str(exc)) from None
-        head, newline, plan_text = text.partition("\n")
+        head, newline, rest = text.partition("\n")
+        details_text, newline2, plan_text = rest.partition("\n")
         d = parse_json(head)
-        if not newline:
+        if not newline2:
             schema = d.get("schema_version") if isinstance(d, dict) else None
             if schema != SCHEMA_VERSION:
                 raise InvalidEntry(f"entry has schema {schema!r}, this prescreen reads schema {SCHEMA_VERSION}")
-            raise InvalidEntry(f"entry has no plan line (schema {SCHEMA_VERSION} stores a head line, then the plan line)")
+            raise InvalidEntry(f"entry is not three lines (schema {SCHEMA_VERSION} stores a head line, the decision's "
+                               "details line, then the plan line)")
         if not isinstance(d, dict) or PLAN_FIELD in d:
             raise InvalidEntry("entry's head line must be a JSON object without a plan field")
         d[PLAN_FIELD] = plan_text
+        if lazy and expected_key is not None:
+            return Entry.from_payload(d, expected_key, details=details_text)
+        details = parse_json(details_text)
+        decision = d.get(DECISION_FIELD)
+        if not isinstance(details, dict) or not isinstance(decision, dict) or details.keys() & decision.keys():
+            raise InvalidEntry("entry's details line must be a JSON object of fields its head's decision lacks")
+        decision.update(details)
         return Entry.from_payload(d, expected_key)
 
 

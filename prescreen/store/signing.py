@@ -6,7 +6,7 @@ directory, the Redis database or a bundle decides what prescreen does. With
 (a file holding it, readable by its owner only), every entry written carries
 ``"signature": "hmac-sha256:<hex>"`` over its stored text (``canonical``: the
 head line of sorted-key JSON with ``hits`` as 0 and no signature, a newline,
-the plan line), which holds the key. The signature is the head line's last
+the details and plan lines), which holds the key. The signature is the head line's last
 field, so a lookup checks it on the text as stored, before parsing it; a
 bundle entry is re-serialized first. Read back from disk,
 Redis or a bundle, an entry that is unsigned or whose signature does not
@@ -25,6 +25,7 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
+from prescreen.decision import DETAIL_FIELDS
 from prescreen.errors import ConfigError
 
 SIGNING_KEY_ENV = "PRESCREEN_SIGNING_KEY"
@@ -72,33 +73,44 @@ class Signer:
 
     def verify_text(self, text: str) -> None:
         """Raise ``BadSignature`` unless stored ``text`` is canonical with our signature as its last field."""
-        head, newline, plan = text.partition("\n")
+        head, newline, rest = text.partition("\n")  # rest: the details and plan lines
         match = _TAIL.search(head)
         if match is None:
             if f'"{SIGNATURE_FIELD}"' in head:
                 raise BadSignature("entry's signature is malformed")
             raise BadSignature("entry is unsigned and a signing key is configured")
-        if not hmac.compare_digest(match.group(1), self._mac(head[: match.start()] + "}" + newline + plan)):
+        if not hmac.compare_digest(match.group(1), self._mac(head[: match.start()] + "}" + newline + rest)):
             raise BadSignature("entry's signature does not verify with the configured signing key")
 
 
 PLAN_FIELD = "plan"
+DECISION_FIELD = "decision"
 
 
 def canonical(payload: Mapping[str, object]) -> str:
     """The one text of an entry payload that is signed and stored (``Entry.to_json`` writes it).
 
-    Two lines: the payload without its plan as JSON (sorted keys, no spaces),
-    then the plan's own canonical JSON text (``payload["plan"]``, a string), so
-    a lookup parses the first line only. Neither line holds a raw newline (JSON
-    escapes them). A payload whose plan is not a string (a hostile bundle) gets
-    that value's JSON as its second line: it signs and verifies, and is refused
-    as an entry.
+    Three lines, each JSON with sorted keys and no spaces: the payload without
+    its plan and without its decision's ``DETAIL_FIELDS`` (per-group bytes,
+    dominant argument), then those details, then the plan's own canonical JSON
+    text (``payload["plan"]``, a string). A lookup parses the first line only.
+    No line holds a raw newline (JSON escapes them). A payload whose plan is not
+    a string (a hostile bundle) gets that value's JSON as its last line: it signs
+    and verifies, and is refused as an entry.
     """
     head = {k: v for k, v in payload.items() if k != PLAN_FIELD}
+    decision = head.get(DECISION_FIELD)
+    details: dict[str, object] = {}
+    if isinstance(decision, Mapping):
+        head[DECISION_FIELD] = {k: v for k, v in decision.items() if k not in DETAIL_FIELDS}
+        details = {k: decision[k] for k in DETAIL_FIELDS if k in decision}
     plan = payload.get(PLAN_FIELD)
-    plan_line = plan if isinstance(plan, str) else json.dumps(plan, sort_keys=True, separators=(",", ":"))
-    return json.dumps(head, sort_keys=True, separators=(",", ":")) + "\n" + plan_line
+    plan_line = plan if isinstance(plan, str) else _json(plan)
+    return _json(head) + "\n" + _json(details) + "\n" + plan_line
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 def _read_key_file(path: Path) -> bytes:
