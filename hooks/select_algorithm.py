@@ -9,6 +9,7 @@ selector only the ATen extern choice, which it returns without benchmarking.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import logging
@@ -538,6 +539,12 @@ def _graph_tensor(conv: "_Converter", label: str, name: str) -> list[TensorArg |
     return conv.tensor(label, buf, buf.get_layout())
 
 
+def _relabeled(tensor: list[TensorArg | WorkspaceArg], label: str) -> list[TensorArg | WorkspaceArg]:
+    """A clone of one ``_graph_tensor`` under ``label``: the same sizes, strides and offset (converted once)."""
+    prefix = len(tensor[0].name)
+    return [dataclasses.replace(arg, name=label + arg.name[prefix:]) for arg in tensor]
+
+
 #: scheduler -> (kernel name, its argument buffers, mutated, in place, device) -> the plan built for them
 _fusion_plans: "weakref.WeakKeyDictionary[Any, dict[tuple[object, ...], KernelPlan]]" = weakref.WeakKeyDictionary()
 
@@ -571,11 +578,12 @@ def plans_for_fusion(scheduler: Any, node1: Any, node2: Any) -> list[KernelPlan]
             conv = _Converter(V.graph.sizevars)
             args: list[TensorArg | WorkspaceArg] = []
             for i, name in enumerate(names):
-                args.extend(_graph_tensor(conv, f"buf{i}", name))
+                tensor = _graph_tensor(conv, f"buf{i}", name)
+                args.extend(tensor)
                 if name in mutated:
-                    args.extend(_graph_tensor(conv, f"buf{i}.clone", name))
+                    args.extend(_relabeled(tensor, f"buf{i}.clone"))
                 if name in mutated or name in inplace:
-                    args.extend(_graph_tensor(conv, f"buf{i}.autotune_clone", name))
+                    args.extend(_relabeled(tensor, f"buf{i}.autotune_clone"))
             plan = built[known] = _benchmark_plan(conv, args, device, kernel_name)
         plans.append(plan)
     return plans

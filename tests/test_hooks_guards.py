@@ -166,6 +166,38 @@ def test_fusion_plans_count_an_in_place_output_twice_more(monkeypatch: pytest.Mo
             "fusion:fused": ["buf0", "buf1"]} in seen
 
 
+def test_a_clone_in_a_fusion_plan_equals_its_buffer_converted_anew(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A buffer's clones are its converted argument under another name (``_relabeled``): each equals a fresh
+    conversion of the buffer under the clone's label."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor import scheduler
+    from torch._inductor.virtualized import V
+
+    compared: list[str] = []
+    original = scheduler.Scheduler.speedup_by_fusion
+
+    def spy(self: Any, node1: Any, node2: Any, *args: Any, **kwargs: Any) -> Any:
+        plans = sel.plans_for_fusion(self, node1, node2)
+        for (_kernel, nodes), plan in zip(sel._fusion_kernels(node1, node2), plans, strict=True):
+            names = sel._kernel_args(self, nodes)[0]
+            by_label = {a.name: a for a in plan.args}
+            conv = sel._Converter(V.graph.sizevars)
+            for i, name in enumerate(names):
+                sel._graph_tensor(conv, f"buf{i}", name)  # the buffer first, as the plan does
+                for label in (f"buf{i}.clone", f"buf{i}.autotune_clone"):
+                    if label in by_label:
+                        assert [by_label[label]] == sel._graph_tensor(conv, label, name)
+                        compared.append(label)
+        return original(self, node1, node2, *args, **kwargs)
+
+    monkeypatch.setattr(scheduler.Scheduler, "speedup_by_fusion", spy)
+    torch._dynamo.reset()
+    x = torch.rand(256, 1024)
+    with inductor_config.patch(force_disable_caches=True):
+        torch.compile(lambda t: (t * 2).sum(1).relu() + 1, backend="inductor")(x)
+    assert "buf1.autotune_clone" in compared
+
+
 class _OtherScheduler:
     def __init__(self, removable: Any) -> None:
         self.can_buffer_be_removed_through_fusion = removable
