@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
+from typing import Any
 
-from prescreen.budget import Budget
+from prescreen.budget import Budget, budget_basis
 from prescreen.service import COUNTERS, Counters, flush_writes
 from prescreen.store.base import Store
 
@@ -17,6 +19,8 @@ _store_opened = False
 _store_owned = False  # True only for a store get_store opened itself; a caller's store is the caller's to close
 _overrides: dict[str, object] = {}
 _logged: set[str] = set()
+# compiled graph -> str(device) -> its budget (``budget_for``); emptied with every change of the overrides
+_budgets: "weakref.WeakKeyDictionary[Any, dict[str, Budget]]" = weakref.WeakKeyDictionary()
 
 
 def configure(*, store: Store | None = None, device_memory: str | int | None = None, ratio: float | None = None) -> None:
@@ -30,6 +34,7 @@ def configure(*, store: Store | None = None, device_memory: str | int | None = N
             _overrides["device_memory"] = device_memory
         if ratio is not None:
             _overrides["ratio"] = ratio
+        _budgets.clear()
 
 
 Snapshot = tuple[Store | None, bool, bool, dict[str, object]]
@@ -52,6 +57,7 @@ def restore(saved: Snapshot) -> None:
         _store, _store_opened, _store_owned = saved[0], saved[1], saved[2]
         _overrides.clear()
         _overrides.update(saved[3])
+        _budgets.clear()
 
 
 def reset() -> None:
@@ -65,6 +71,7 @@ def reset() -> None:
         _store, _store_opened, _store_owned = None, False, False
         _overrides.clear()
         _logged.clear()
+        _budgets.clear()
 
 
 def get_store() -> Store | None:
@@ -84,8 +91,43 @@ def get_store() -> Store | None:
 
 
 def budget_for(device: object) -> Budget:
-    """The budget for ``device`` with the configured overrides; may raise ConfigError."""
+    """The budget for ``device`` with the configured overrides; may raise ConfigError.
+
+    Read once per compiled graph and device: the guarded steps of one compile share it (the
+    environment, torch_npu's ratio and a per-process memory fraction are read again by the next
+    compile), and being the same object lets a plan's repeated lookups answer from the plan's memory.
+    Read every time outside a graph (runtime autotuning at a kernel's first call) and with
+    ``PRESCREEN_BUDGET_BASIS=free`` (free memory is live).
+    """
+    graph = _graph()
+    if graph is None or budget_basis() == "free":
+        return _read_budget(device)
+    with _lock:
+        per_device = _budgets.get(graph)
+        found = None if per_device is None else per_device.get(str(device))
+    if found is None:
+        found = _read_budget(device)
+        with _lock:
+            try:
+                _budgets.setdefault(graph, {})[str(device)] = found
+            except TypeError:  # a graph that is not weakly referenceable: nothing kept
+                pass
+    return found
+
+
+def _read_budget(device: object) -> Budget:
     return Budget.for_device(device, _overrides.get("device_memory"), _overrides.get("ratio"))  # type: ignore[arg-type]
+
+
+def _graph() -> object | None:
+    """The graph Inductor is compiling on this thread, or None."""
+    try:
+        from torch._inductor.virtualized import NullHandler, V
+
+        graph = V.graph
+    except Exception:
+        return None
+    return None if isinstance(graph, NullHandler) else graph
 
 
 def overrides() -> tuple[float | None, int | None]:

@@ -158,11 +158,17 @@ def _device_clones(autotuner: Any, named: list[tuple[str, Any]], device: Any, fl
     return always + best
 
 
-def plan_for_autotuner(autotuner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> KernelPlan:
-    """The runtime benchmark of one kernel: the mutated args upstream clones on the device, and the flush buffer."""
+def plan_for_autotuner(
+    autotuner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], named: list[tuple[str, Any]] | None = None
+) -> KernelPlan:
+    """The runtime benchmark of one kernel: the mutated args upstream clones on the device, and the flush buffer.
+
+    ``named``: ``_named_args`` of the call, where the caller has them already.
+    """
     from prescreen.hooks.select_algorithm import GPU_SLACK_BYTES, concrete_tensor_arg, flush_buffer_bytes
 
-    named = _named_args(autotuner, args, kwargs)
+    if named is None:
+        named = _named_args(autotuner, args, kwargs)
     device = _device_of(named)
     flush = flush_buffer_bytes(device)
     plan_args: list[TensorArg | WorkspaceArg] = [
@@ -196,9 +202,10 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
         device: Any = None
         try:
             if len(getattr(self, "launchers", ())) > 1:
-                device = _device_of(_named_args(self, args, kwargs))
+                named = _named_args(self, args, kwargs)
+                device = _device_of(named)
                 if getattr(device, "type", "cpu") not in ("cpu", "meta"):
-                    plan = plan_for_autotuner(self, args, kwargs)
+                    plan = plan_for_autotuner(self, args, kwargs, named)
                     outcome = lookup_or_decide(plan, state.budget_for(device), state.get_store(), wait=False)
                     if not outcome.decision.tune:
                         state.log_once(outcome.key, logging.WARNING,
