@@ -152,6 +152,7 @@ class _Converter:
         self.statics: dict[str, int] = {}
         self.labels: dict[str, str] = {}
         self.facts = _symbol_facts(sizevars)
+        self.symbol_uses = 0  # symbols met by ``expr`` so far: unchanged over a tensor means it is static
 
     def _family(self, sym: Any) -> int:
         hint = self.facts.hints.get(sym)
@@ -171,6 +172,7 @@ class _Converter:
         found = self.facts.exprs.get(e)
         if found is None:
             found = self.facts.exprs[e] = (tuple(e.free_symbols), self._convert(e))
+        self.symbol_uses += len(found[0])
         for sym in found[0]:
             if sym.name not in self.statics:
                 self.statics[sym.name] = self._family(sym)
@@ -547,6 +549,28 @@ def _relabeled(tensor: list[TensorArg | WorkspaceArg], label: str) -> list[Tenso
 
 #: scheduler -> (kernel name, its argument buffers, mutated, in place, device) -> the plan built for them
 _fusion_plans: "weakref.WeakKeyDictionary[Any, dict[tuple[object, ...], KernelPlan]]" = weakref.WeakKeyDictionary()
+#: scheduler -> buffer name -> its argument converted, where no symbol went into it (see ``_static_or_converted``)
+_static_tensors: "weakref.WeakKeyDictionary[Any, dict[str, list[TensorArg | WorkspaceArg]]]" = (
+    weakref.WeakKeyDictionary())
+
+
+def _static_or_converted(
+    conv: _Converter, static: dict[str, list[TensorArg | WorkspaceArg]], label: str, name: str
+) -> list[TensorArg | WorkspaceArg]:
+    """``_graph_tensor(conv, label, name)``; a buffer whose sizes, strides and offset hold no symbol is converted
+    once per scheduler (its layout is fixed by then) and reused by the plans of every kernel that takes it.
+
+    A symbolic buffer is converted by each plan's own converter: that is what records its symbols'
+    shape families among the plan's axes.
+    """
+    found = static.get(name)
+    if found is not None:
+        return _relabeled(found, label)
+    uses = conv.symbol_uses
+    tensor = _graph_tensor(conv, label, name)
+    if conv.symbol_uses == uses:
+        static[name] = tensor
+    return tensor
 
 
 def plans_for_fusion(scheduler: Any, node1: Any, node2: Any) -> list[KernelPlan]:
@@ -568,6 +592,7 @@ def plans_for_fusion(scheduler: Any, node1: Any, node2: Any) -> list[KernelPlan]
     from torch._inductor.virtualized import V
 
     built: dict[tuple[object, ...], KernelPlan] = _kept(_fusion_plans, scheduler, {})
+    static: dict[str, list[TensorArg | WorkspaceArg]] = _kept(_static_tensors, scheduler, {})
     device = _fusion_device(node1)
     plans: list[KernelPlan] = []
     for kernel_name, nodes in _fusion_kernels(node1, node2):
@@ -578,7 +603,7 @@ def plans_for_fusion(scheduler: Any, node1: Any, node2: Any) -> list[KernelPlan]
             conv = _Converter(V.graph.sizevars)
             args: list[TensorArg | WorkspaceArg] = []
             for i, name in enumerate(names):
-                tensor = _graph_tensor(conv, f"buf{i}", name)
+                tensor = _static_or_converted(conv, static, f"buf{i}", name)
                 args.extend(tensor)
                 if name in mutated:
                     args.extend(_relabeled(tensor, f"buf{i}.clone"))

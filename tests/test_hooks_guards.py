@@ -198,6 +198,53 @@ def test_a_clone_in_a_fusion_plan_equals_its_buffer_converted_anew(monkeypatch: 
     assert "buf1.autotune_clone" in compared
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_static_buffer_is_converted_once_per_scheduler_and_a_symbolic_one_per_plan(
+    monkeypatch: pytest.MonkeyPatch, dynamic: bool
+) -> None:
+    """A buffer without symbols is shared by the plans of one fusion step's kernels (converted once); a
+    symbolic one is converted by each plan, so its shape families are among that plan's axes. Either way
+    the plans equal plans whose every buffer was converted by their own converter."""
+    import weakref
+
+    from torch._inductor import config as inductor_config
+    from torch._inductor import scheduler
+
+    seen: list[tuple[int, bool]] = []
+    original = scheduler.Scheduler.speedup_by_fusion
+    shared_or_converted = sel._static_or_converted
+
+    def own(conv: Any, static: Any, label: str, name: str) -> Any:
+        return sel._graph_tensor(conv, label, name)
+
+    def spy(self: Any, node1: Any, node2: Any, *args: Any, **kwargs: Any) -> Any:
+        shared = sel.plans_for_fusion(self, node1, node2)
+        kept = sel._fusion_plans
+        monkeypatch.setattr(sel, "_fusion_plans", weakref.WeakKeyDictionary())
+        monkeypatch.setattr(sel, "_static_or_converted", own)
+        alone = sel.plans_for_fusion(self, node1, node2)
+        monkeypatch.setattr(sel, "_static_or_converted", shared_or_converted)
+        monkeypatch.setattr(sel, "_fusion_plans", kept)
+        assert shared == alone
+        static = sel._static_tensors.get(self, {})
+        assert all(isinstance(e, Const) for args in static.values() for a in args
+                   for e in getattr(a, "size", ()) + getattr(a, "stride", ()))
+        seen.append((len(static), any(p.axis_names for p in shared)))
+        return original(self, node1, node2, *args, **kwargs)
+
+    monkeypatch.setattr(scheduler.Scheduler, "speedup_by_fusion", spy)
+    torch._dynamo.reset()
+    x = torch.rand(64, 128) + 1
+    with inductor_config.patch(force_disable_caches=True):
+        out = torch.compile(lambda t: t / t.sum(1, keepdim=True), backend="inductor", dynamic=dynamic)(x)
+    torch.testing.assert_close(out, x / x.sum(1, keepdim=True))
+    assert seen
+    if dynamic:
+        assert all(n == 0 and axes for n, axes in seen)  # nothing shared; the symbols are the plans' axes
+    else:
+        assert all(n > 0 and not axes for n, axes in seen)
+
+
 class _OtherScheduler:
     def __init__(self, removable: Any) -> None:
         self.can_buffer_be_removed_through_fusion = removable
@@ -218,10 +265,12 @@ def test_a_schedulers_fusion_plans_are_built_once_and_equal_fresh_ones(monkeypat
         first = sel.plans_for_fusion(self, node1, node2)
         again = sel.plans_for_fusion(self, node1, node2)
         assert all(a is b for a, b in zip(first, again, strict=True))
-        kept = sel._fusion_plans
+        kept = sel._fusion_plans, sel._static_tensors
         monkeypatch.setattr(sel, "_fusion_plans", weakref.WeakKeyDictionary())
+        monkeypatch.setattr(sel, "_static_tensors", weakref.WeakKeyDictionary())
         fresh = sel.plans_for_fusion(self, node1, node2)
-        monkeypatch.setattr(sel, "_fusion_plans", kept)
+        monkeypatch.setattr(sel, "_fusion_plans", kept[0])
+        monkeypatch.setattr(sel, "_static_tensors", kept[1])
         assert fresh == first and all(a is not b for a, b in zip(first, fresh, strict=True))
         other = _OtherScheduler(self.can_buffer_be_removed_through_fusion)
         theirs = sel.plans_for_fusion(other, node1, node2)
