@@ -54,7 +54,8 @@ class Decision:
     if not TYPE_CHECKING:  # hidden from mypy, which would otherwise accept any attribute name
 
         def __getattr__(self, name: str) -> object:
-            """A detail field of a decision read by a lookup (``with_details``): decoded on first access."""
+            """A detail field of a decision read by a lookup (``from_payload`` with ``details``): decoded on first
+            access."""
             if name not in DETAIL_FIELDS:
                 raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
             dominant, groups = _decode_details(self)

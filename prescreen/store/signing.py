@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import os
 import re
 import stat
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from prescreen.decision import DETAIL_FIELDS
 from prescreen.errors import ConfigError
+from prescreen.plan import canonical_json
 
 SIGNING_KEY_ENV = "PRESCREEN_SIGNING_KEY"
 SIGNING_KEY_FILE_ENV = "PRESCREEN_SIGNING_KEY_FILE"
@@ -105,12 +105,8 @@ def canonical(payload: Mapping[str, object]) -> str:
         head[DECISION_FIELD] = {k: v for k, v in decision.items() if k not in DETAIL_FIELDS}
         details = {k: decision[k] for k in DETAIL_FIELDS if k in decision}
     plan = payload.get(PLAN_FIELD)
-    plan_line = plan if isinstance(plan, str) else _json(plan)
-    return _json(head) + "\n" + _json(details) + "\n" + plan_line
-
-
-def _json(value: object) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    plan_line = plan if isinstance(plan, str) else canonical_json(plan)
+    return canonical_json(head) + "\n" + canonical_json(details) + "\n" + plan_line
 
 
 def _read_key_file(path: Path) -> bytes:
