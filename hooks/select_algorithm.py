@@ -15,7 +15,7 @@ import inspect
 import logging
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import sympy
 
@@ -118,21 +118,9 @@ class _SymbolFacts:
 
 _facts_by_graph: "weakref.WeakKeyDictionary[Any, _SymbolFacts]" = weakref.WeakKeyDictionary()
 
-T = TypeVar("T")
-
-
-def _kept(table: "weakref.WeakKeyDictionary[Any, T]", owner: Any, new: T) -> T:
-    """What ``table`` keeps for ``owner`` (``new`` the first time; dropped with ``owner``), or ``new`` alone
-    where ``owner`` is not weakly referenceable."""
-    try:
-        return table.setdefault(owner, new)
-    except TypeError:
-        return new
-
-
 def _symbol_facts(sizevars: Any) -> _SymbolFacts:
     """The facts already read of ``sizevars``' symbols (dropped with it)."""
-    return _kept(_facts_by_graph, sizevars, _SymbolFacts())
+    return state.kept(_facts_by_graph, sizevars, _SymbolFacts())
 
 
 class _Converter:
@@ -591,8 +579,8 @@ def plans_for_fusion(scheduler: Any, node1: Any, node2: Any) -> list[KernelPlan]
     """
     from torch._inductor.virtualized import V
 
-    built: dict[tuple[object, ...], KernelPlan] = _kept(_fusion_plans, scheduler, {})
-    static: dict[str, list[TensorArg | WorkspaceArg]] = _kept(_static_tensors, scheduler, {})
+    built: dict[tuple[object, ...], KernelPlan] = state.kept(_fusion_plans, scheduler, {})
+    static: dict[str, list[TensorArg | WorkspaceArg]] = state.kept(_static_tensors, scheduler, {})
     device = _fusion_device(node1)
     plans: list[KernelPlan] = []
     for kernel_name, nodes in _fusion_kernels(node1, node2):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from typing import Any
+from typing import Any, TypeVar
 
 from prescreen.budget import Budget, budget_basis
 from prescreen.service import COUNTERS, Counters, flush_writes
@@ -21,6 +21,17 @@ _overrides: dict[str, object] = {}
 _logged: set[str] = set()
 # compiled graph -> str(device) -> its budget (``budget_for``); emptied with every change of the overrides
 _budgets: "weakref.WeakKeyDictionary[Any, dict[str, Budget]]" = weakref.WeakKeyDictionary()
+
+T = TypeVar("T")
+
+
+def kept(table: "weakref.WeakKeyDictionary[Any, T]", owner: Any, new: T) -> T:
+    """What ``table`` keeps for ``owner`` (``new`` the first time; dropped with ``owner``), or ``new`` alone
+    where ``owner`` is not weakly referenceable."""
+    try:
+        return table.setdefault(owner, new)
+    except TypeError:
+        return new
 
 
 def configure(*, store: Store | None = None, device_memory: str | int | None = None, ratio: float | None = None) -> None:
@@ -102,16 +113,11 @@ def budget_for(device: object) -> Budget:
     graph = _graph()
     if graph is None or budget_basis() == "free":
         return _read_budget(device)
-    with _lock:
-        per_device = _budgets.get(graph)
-        found = None if per_device is None else per_device.get(str(device))
+    per_device = kept(_budgets, graph, {})
+    name = str(device)
+    found = per_device.get(name)
     if found is None:
-        found = _read_budget(device)
-        with _lock:
-            try:
-                _budgets.setdefault(graph, {})[str(device)] = found
-            except TypeError:  # a graph that is not weakly referenceable: nothing kept
-                pass
+        found = per_device[name] = _read_budget(device)
     return found
 
 
