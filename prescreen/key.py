@@ -19,8 +19,9 @@ from prescreen.expr import Add, Axis, Const, Expr, FloorDiv, Mul, RuntimeArg
 from prescreen.plan import KernelPlan, SizeArg, TensorArg, WorkspaceArg, canonical_json
 
 #: Bumped whenever the stored entry layout changes.
-SCHEMA_VERSION = 4  # 2: the plan is one JSON string field of the entry; 3: the plan is the stored text's second line;
-# 4: the decision's per-group bytes and dominant argument on a line of their own, between the head and the plan
+SCHEMA_VERSION = 5  # 2: the plan is one JSON string field of the entry; 3: the plan is the stored text's second line;
+# 4: the decision's per-group bytes and dominant argument on a line of their own, between the head and the plan;
+# 5: the key parts, kernel, family, provenance and hits on a record line of their own, after the details
 
 
 @functools.cache

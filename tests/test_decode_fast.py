@@ -15,13 +15,15 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_store_support import BUDGET, make_plan
+from test_store_support import BUDGET, make_entry, make_plan
 
 from prescreen.budget import Budget
 from prescreen.decision import DETAIL_FIELDS, Decision, decide, is_observed_oom
 from prescreen.footprint import ArgFootprint
+from prescreen.key import build_key
 from prescreen.store import entry as entry_module
-from prescreen.store.entry import InvalidEntry, parse_json
+from prescreen.store.entry import RECORD_FIELDS, Entry, InvalidEntry, parse_json
+from prescreen.store.signing import canonical
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(Decision) if f.init)
 _ARG_FIELDS = frozenset(ArgFootprint.__dataclass_fields__)
@@ -138,6 +140,47 @@ def test_a_lookup_decodes_as_the_full_check_except_that_bad_details_read_as_empt
         if decision.synthetic_bytes:  # ... save the checks that need the details
             bare["group_bytes"] = [[decision.largest_group_id, decision.synthetic_bytes]]
         assert outcome(Decision.from_payload, bare)[0] == "ok", bare
+
+
+# --- A lookup's entry: the head line now, the key's parts the caller's, the record line on first access ---
+
+ENTRY = make_entry(1)
+ENTRY_PAYLOAD: dict[str, Any] = json.loads(json.dumps(ENTRY.to_payload()))
+_HEAD_EDITS = [("key",), ("dynamic",), ("schema_version",)]
+ENTRY_PATHS = _HEAD_EDITS + [(k,) for k in RECORD_FIELDS + ("parts",)] + [
+    ("parts", k) for k in sorted(ENTRY_PAYLOAD["parts"])] + [("parts", "versions", "torch"), ("family", "group_count")]
+
+
+def lazy_entry(text: str) -> Entry:
+    """What a lookup decodes, every field read (the record's first access must never raise)."""
+    entry = Entry.from_json(text, ENTRY.key, lazy=True)
+    for name in RECORD_FIELDS:
+        getattr(entry, name)
+    return entry
+
+
+@settings(max_examples=1000, deadline=None)
+@given(edited([ENTRY_PAYLOAD], ENTRY_PATHS))
+def test_a_lookup_decodes_an_entry_as_the_full_check_except_that_a_bad_record_is_not_read(payload: Any) -> None:
+    """Differential: a lookup's entry against the full decode of the same text (both under the key the caller
+    digested). What the full check accepts, a lookup accepts equal; what a lookup refuses, the full check
+    refuses; what only the full check refuses is a record line (key parts, provenance) a hit does not read:
+    with the genuine record, the same head decodes in full."""
+    build_key(make_plan(1), BUDGET)  # the caller's own key: its parts are known to this process
+    try:
+        text = canonical(payload)
+    except ValueError:  # NaN: no JSON text to store
+        return
+    full, lazy = outcome(Entry.from_json, text, ENTRY.key), outcome(lazy_entry, text)
+    if lazy[0] == "error":
+        assert issubclass(lazy[1][0], InvalidEntry) and full[0] == "error"  # type: ignore[index, arg-type]
+    elif full[0] == "ok":
+        assert lazy[1] == full[1]
+    else:
+        assert lazy[1].decision == ENTRY.decision and lazy[1].parts == ENTRY.parts  # type: ignore[union-attr]
+        head = {k[0]: payload[k[0]] for k in _HEAD_EDITS if k[0] in payload}
+        genuine = canonical({**{k: v for k, v in ENTRY_PAYLOAD.items() if k not in head}, **head})
+        assert outcome(Entry.from_json, genuine, ENTRY.key)[0] == "ok", payload
 
 
 @pytest.mark.parametrize("payload", PAYLOADS, ids=lambda p: p["reason"][:20])

@@ -62,8 +62,21 @@ def hostile(request: pytest.FixtureRequest) -> tuple[str, str]:
     return entry.key, HOSTILE[request.param](entry.to_json())
 
 
-def every_read_path(store: Store, key: str, caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
-    """get, lookup_or_decide, entries, stats, export, remove_where, import: misses, never exceptions."""
+def only_the_record_is_hostile(text: str) -> bool:
+    """Whether ``text`` differs from the genuine entry of plan SEED in its record line alone (key parts,
+    kernel, family, provenance): a disk lookup, which parses the head line only, serves it."""
+    genuine, lines = make_entry(SEED).to_json().split("\n"), text.split("\n")
+    return len(lines) == 4 and lines[:2] == genuine[:2] and lines[3] == genuine[3]
+
+
+def every_read_path(
+    store: Store, key: str, caplog: pytest.LogCaptureFixture, tmp_path: Path, served: bool = False
+) -> None:
+    """get, lookup_or_decide, entries, stats, export, remove_where, import: misses, never exceptions.
+
+    ``served``: the lookup is a hit (a disk lookup with only the record line hostile), whose decision is the
+    genuine one; every other read still refuses the entry.
+    """
     plan = make_plan(SEED)
     with caplog.at_level(logging.WARNING, logger="prescreen.store"):
         assert store.get(key) is None
@@ -72,10 +85,13 @@ def every_read_path(store: Store, key: str, caplog: pytest.LogCaptureFixture, tm
         assert export_bundle(store, tmp_path / "out.json") == 0
         assert store.remove_where(lambda e: "fused" in e.kernel) == []
         outcome = lookup_or_decide(plan, BUDGET, store)
-    assert outcome.decision == decide(plan, BUDGET) and not outcome.hit
+    assert outcome.decision == decide(plan, BUDGET) and outcome.hit is served
     assert len(warnings_of(caplog)) == 1, warnings_of(caplog)
-    got = store.get(key)  # the fresh decision replaced the hostile value
-    assert got is not None and got.decision == decide(plan, BUDGET)
+    got = store.get(key)
+    if served:
+        assert got is None  # still refused where it is read in full
+        return
+    assert got is not None and got.decision == decide(plan, BUDGET)  # the fresh decision replaced the hostile value
 
 
 def test_disk_store(tmp_path: Path, hostile: tuple[str, str], caplog) -> None:
@@ -83,7 +99,7 @@ def test_disk_store(tmp_path: Path, hostile: tuple[str, str], caplog) -> None:
     with DiskStore(tmp_path / "cache", min_file_size=2**22) as store:
         assert store._cache is not None
         store._cache.set(key, text)  # inline in cache.db, or a .val file when over the inline size
-        every_read_path(store, key, caplog, tmp_path)
+        every_read_path(store, key, caplog, tmp_path, served=only_the_record_is_hostile(text))
 
 
 def test_disk_clear_all_empties_whatever_it_holds(tmp_path: Path) -> None:
@@ -189,14 +205,17 @@ def bundle_item(text: str) -> str:
     """A stored entry text (maybe hostile) as a bundle's entry: one JSON object, the details line's fields in its
     decision, the plan line as its plan field.
 
-    The head line is kept as it is (raw numbers such as ``Infinity`` stay); a text without three lines is used whole.
+    The head and record lines are kept as they are (raw numbers such as ``Infinity`` stay); a text without four
+    lines is used whole.
     """
     lines = text.split("\n")
-    if len(lines) != 3 or not lines[0].endswith("}"):
+    if len(lines) != 4 or not lines[0].endswith("}"):
         return text
-    head, details, plan = lines
+    head, details, record, plan = lines
     if details.startswith("{") and details.endswith("}") and details != "{}":
         head = head.replace('"decision":{', '"decision":{' + details[1:-1] + ",", 1)
+    if record.startswith("{") and record.endswith("}") and record != "{}":
+        head = head[:-1] + "," + record[1:]
     return head[:-1] + ',"plan":' + json.dumps(plan) + "}"
 
 

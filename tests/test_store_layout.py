@@ -35,13 +35,16 @@ def _edit(text: str, **fields: object) -> str:
 
 def test_the_details_and_the_plan_are_lines_of_their_own_and_round_trip() -> None:
     entry = make_entry(SEED)
-    head, details, plan_line = entry.to_json().split("\n")  # exactly three lines
-    assert "plan" not in json.loads(head) and plan_line == entry.plan_text == payload_text(make_plan(SEED))
+    head, details, record, plan_line = entry.to_json().split("\n")  # exactly four lines
+    assert json.loads(head).keys() == {"decision", "dynamic", "key", "schema_version"}  # what a hit reads
+    assert plan_line == entry.plan_text == payload_text(make_plan(SEED))
     assert json.loads(details) == {"dominant_arg": entry.decision.to_payload()["dominant_arg"],
                                    "group_bytes": [list(pair) for pair in entry.decision.group_bytes]}
     assert not {"dominant_arg", "group_bytes"} & json.loads(head)["decision"].keys()
+    assert json.loads(record) == {k: v for k, v in entry.to_payload().items()
+                                  if k in ("created_at", "family", "hits", "host", "kernel", "parts", "pid")}
     stored = entry_fields(entry.to_json())
-    assert stored["schema_version"] == SCHEMA_VERSION == 4
+    assert stored["schema_version"] == SCHEMA_VERSION == 5
     assert isinstance(stored["plan"], str) and entry.to_payload()["plan"] == plan_line
     assert stored["dynamic"] is make_plan(SEED).is_dynamic is True  # x0 and r0 have no static value
     assert KernelPlan.from_payload(entry.plan) == make_plan(SEED)
@@ -85,15 +88,21 @@ def test_a_dynamic_flag_that_disagrees_with_the_plan_is_invalid_wherever_the_pla
         assert not outcome.hit and outcome.decision == decide(make_plan(SEED), BUDGET)
 
 
-@pytest.mark.parametrize("schema", [1, 2, 3])
+@pytest.mark.parametrize("schema", [1, 2, 3, 4])
 def test_old_schema_entries_are_misses(tmp_path: Path, schema: int, caplog: pytest.LogCaptureFixture) -> None:
     entry = make_entry(SEED)
     # Schemas 1 and 2 were one JSON line: 1 embedded the plan object, 2 held its text as a string field.
-    # Schema 3 was two lines: the head (the whole decision in it), then the plan.
+    # Schema 3 was two lines: the head (the whole decision in it), then the plan. Schema 4 was three: the head
+    # (key parts and provenance in it too), the decision's details, then the plan.
     fields = dict(entry.to_payload(), schema_version=schema, plan=entry.plan if schema == 1 else entry.plan_text)
     if schema == 3:
         del fields["plan"]
         old = json.dumps(fields, sort_keys=True, separators=(",", ":")) + "\n" + entry.plan_text
+    elif schema == 4:
+        del fields["plan"]
+        details = {k: fields["decision"].pop(k) for k in ("dominant_arg", "group_bytes")}  # type: ignore[union-attr]
+        old = "\n".join(json.dumps(x, sort_keys=True, separators=(",", ":")) for x in (fields, details))
+        old += "\n" + entry.plan_text
     else:
         old = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     with DiskStore(tmp_path) as store, caplog.at_level(logging.WARNING, logger="prescreen.store"):
@@ -275,8 +284,8 @@ def test_the_identity_fast_path_holds_no_plan_objects() -> None:
 
 
 def _details_line(text: str, details: str) -> str:
-    head, _, plan = text.split("\n")
-    return head + "\n" + details + "\n" + plan
+    head, _, record, plan = text.split("\n")
+    return "\n".join((head, details, record, plan))
 
 
 def test_a_lookup_decodes_the_details_on_first_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -350,3 +359,94 @@ def test_bad_details_read_as_empty_on_a_hit_and_invalid_everywhere_else(
         assert outcome.hit and outcome.decision.tune == entry.decision.tune
     result = CliRunner().invoke(cli, ["--cache-dir", str(tmp_path), "inspect", "--verify"])
     assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+
+
+def _record_line(text: str, record: str) -> str:
+    head, details, _, plan = text.split("\n")
+    return "\n".join((head, details, record, plan))
+
+
+def test_a_lookup_reads_the_record_on_first_access(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Schema 5: a hit parses the head line only; its key parts are the ones the caller digested into the key,
+    and the kernel, family and provenance are decoded when first read."""
+    from prescreen.store import entry as entry_module
+
+    plan = make_plan(SEED)
+    decodes: list[object] = []
+    real = entry_module._decode_record
+    monkeypatch.setattr(entry_module, "_decode_record", lambda text: decodes.append(text) or real(text))
+    with DiskStore(tmp_path) as store:
+        lookup_or_decide(plan, BUDGET, store, wait=True)
+        key, parts = build_key(plan, BUDGET)
+        looked = store.lookup(key)
+        assert looked is not None and looked.parts is parts and looked.decision.tune and decodes == []
+        full = store.get(key)
+        assert full is not None and decodes == []  # ``get`` decodes every line at once
+        assert (looked.kernel, looked.family, looked.host) == (full.kernel, full.family, full.host)
+        assert len(decodes) == 1
+        assert looked.with_hits(0) == full.with_hits(0) and len(decodes) == 1  # decoded once
+        assert looked.to_json() == full.with_hits(0).to_json()  # a lookup's entry writes the same text
+
+
+BAD_RECORDS = {
+    "not-json": ("{", True),
+    "deep": ("[" * 5000 + "]" * 5000, True),
+    "not-an-object": ("[]", True),
+    "host-missing": ("drop:host", True),
+    "pid-a-bool": ("set:pid:true", True),
+    "created_at-a-string": ('set:created_at:"now"', True),
+    "family-a-list": ("set:family:[1]", True),
+    "parts-of-another-plan": ('set:parts:{"plan_hash":"00"}', False),  # a hit uses the caller's parts
+    "a-head-field-again": ('set:key:"00"', False),
+}
+
+
+def _bad_record(name: str, genuine: str) -> str:
+    how, _ = BAD_RECORDS[name]
+    if ":" not in how:
+        return how
+    found = json.loads(genuine)
+    op, field, *value = how.split(":", 2)
+    if op == "drop":
+        del found[field]
+    else:
+        found[field] = json.loads(value[0])
+    return json.dumps(found, sort_keys=True, separators=(",", ":"))
+
+
+@pytest.mark.parametrize("name", sorted(BAD_RECORDS))
+def test_a_bad_record_serves_a_hit_and_is_invalid_everywhere_else(tmp_path: Path, name: str) -> None:
+    """The verdict a hit uses is checked in full; a record line that does not hold reads as empty there (kernel
+    "", family None, no provenance), and every path that decodes it (``get``, listings, imports) refuses it."""
+    entry = make_entry(SEED)
+    text = entry.to_json()
+    hostile = _record_line(text, _bad_record(name, text.split("\n")[2]))
+    with pytest.raises(InvalidEntry):
+        Entry.from_json(hostile)
+    with pytest.raises(InvalidEntry):
+        Entry.from_json(hostile, entry.key)
+    looked = Entry.from_json(hostile, entry.key, lazy=True)
+    assert looked.decision == entry.decision and looked.parts == entry.parts
+    reads_empty = BAD_RECORDS[name][1]
+    expected = ("", None, 0, "") if reads_empty else (entry.kernel, entry.family, entry.pid, entry.host)
+    assert (looked.kernel, looked.family, looked.pid, looked.host) == expected
+    with DiskStore(tmp_path) as store:
+        assert store._cache is not None
+        store._cache.set(entry.key, hostile)
+        assert store.get(entry.key) is None and list(store.entries()) == []
+        outcome = lookup_or_decide(make_plan(SEED), BUDGET, store)
+        assert outcome.hit and outcome.decision == entry.decision
+    result = CliRunner().invoke(cli, ["--cache-dir", str(tmp_path), "inspect", "--verify"])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+
+
+def test_a_lookup_under_a_key_this_process_did_not_digest_decodes_every_line() -> None:
+    """Without the caller's parts (its key memo emptied), a lookup checks the stored parts against the key."""
+    entry = make_entry(SEED)
+    text = entry.to_json()
+    forged = _record_line(text, _bad_record("parts-of-another-plan", text.split("\n")[2]))
+    forget_plan_hashes()
+    with pytest.raises(InvalidEntry):
+        Entry.from_json(forged, entry.key, lazy=True)
+    looked = Entry.from_json(text, entry.key, lazy=True)
+    assert looked == entry and looked._record is None

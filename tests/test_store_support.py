@@ -65,11 +65,12 @@ def warnings_of(caplog: object) -> list[str]:
 
 
 def entry_fields(text: str | bytes) -> dict[str, Any]:
-    """A stored entry text (head, details and plan lines) as one payload dict: the details in the decision,
-    the plan a string field."""
-    head, details, plan = (text.decode() if isinstance(text, bytes) else text).split("\n")
+    """A stored entry text (head, details, record and plan lines) as one payload dict: the details in the
+    decision, the record's fields beside the head's, the plan a string field."""
+    head, details, record, plan = (text.decode() if isinstance(text, bytes) else text).split("\n")
     fields: dict[str, Any] = json.loads(head)
     fields["decision"].update(json.loads(details))
+    fields.update(json.loads(record))
     fields["plan"] = plan
     return fields
 

@@ -420,7 +420,7 @@ class DiskStore(Store):
     # -- the Store interface ----------------------------------------------------
 
     def _read(self, key: str) -> object:
-        raw = self._run(False, lambda c: c.get(key), None)
+        raw = self._run(False, lambda c: c.get_text(key), None)
         if isinstance(raw, Missing):
             self._drop_missing(key, raw.filename)
         return raw

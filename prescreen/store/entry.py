@@ -1,17 +1,19 @@
 """A stored decision: JSON text, validated on the way back in.
 
-Schema 4 stores the decision apart from the plan: the stored text is a head
-line (key, key parts, decision, provenance: sorted-key JSON), the decision's
-details line (its per-group bytes and dominant argument, which a hit does not
-need) and the plan's canonical JSON text, one per line (``signing.canonical``).
-A lookup parses the head line only and leaves the details to be decoded when
-first read; ``get``, listings, imports, bundles and ``inspect --verify`` decode the
-details, and all but ``get`` the plan too (``Entry.plan``). In a payload (bundles,
-``inspect --json``) the details are in the decision and the plan is one string
-field, ``plan``. The signature covers every line. ``dynamic`` (the plan has
-an axis without a static value) is stored beside the decision so a hit can check
-the decision's ``enable_auto_blockify`` without decoding the plan; wherever the
-plan is decoded, ``dynamic`` must match it.
+Schema 5 stores the decision apart from the plan, and what a hit reads apart from
+the rest: the stored text is four lines (``signing.canonical``), each sorted-key
+JSON: the head (key, schema, the decision's verdict, ``dynamic``), the
+decision's details (its per-group bytes and dominant argument), the record (key
+parts, kernel, family, provenance, hits) and the plan's canonical JSON text.
+A lookup parses the head line only: the key's parts are the ones the caller
+digested into the key, and the details and the record are decoded when first
+read. ``get``, listings, imports, bundles and ``inspect --verify`` decode every
+line but the plan, and all but ``get`` the plan too (``Entry.plan``). In a
+payload (bundles, ``inspect --json``) the details are in the decision and the plan
+is one string field, ``plan``. The signature covers every line. ``dynamic`` (the
+plan has an axis without a static value) is stored beside the decision so a hit
+can check the decision's ``enable_auto_blockify`` without decoding the plan;
+wherever the plan is decoded, ``dynamic`` must match it.
 """
 
 from __future__ import annotations
@@ -23,11 +25,20 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from prescreen.decision import Decision
 from prescreen.key import SCHEMA_VERSION, KeyParts, family_hash, known_parts, payload_text
 from prescreen.plan import KernelPlan
-from prescreen.store.signing import DECISION_FIELD, PLAN_FIELD, SIGNATURE_FIELD, BadSignature, Signer, canonical
+from prescreen.store.signing import (
+    DECISION_FIELD,
+    HEAD_FIELDS,
+    PLAN_FIELD,
+    SIGNATURE_FIELD,
+    BadSignature,
+    Signer,
+    canonical,
+)
 
 MAX_ENTRY_BYTES = 4 * 2**20  # an entry's JSON text is a few KiB; anything above this cap is refused unread
 MAX_DEPTH = 64  # nesting of a stored plan or family; a valid plan expression is a few levels deep
@@ -57,6 +68,18 @@ class Entry:
     pid: int
     hits: int = 0
     schema_version: int = SCHEMA_VERSION
+    # An entry read by a lookup: its record line's text (``RECORD_FIELDS``), decoded on first access (``__getattr__``).
+    _record: str | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
+
+    if not TYPE_CHECKING:  # hidden from mypy, which would otherwise accept any attribute name
+
+        def __getattr__(self, name: str) -> object:
+            """A record field of an entry read by a lookup (``from_json(..., lazy=True)``): decoded on first access."""
+            if name not in RECORD_FIELDS:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            for field, value in _decode_record(self._record).items():
+                object.__setattr__(self, field, value)
+            return getattr(self, name)
 
     @staticmethod
     def new(
@@ -119,14 +142,8 @@ class Entry:
         return canonical(self.signed_payload(signer))
 
     @staticmethod
-    def from_payload(
-        d: object, expected_key: str | None = None, signer: Signer | None = None, details: str | None = None
-    ) -> "Entry":
-        """Validate a decoded entry (and its signature, given a signer); raises ``InvalidEntry`` and nothing else.
-
-        ``details``: the stored details line, where ``d``'s decision lacks them (a lookup; see
-        ``Decision.from_payload``).
-        """
+    def from_payload(d: object, expected_key: str | None = None, signer: Signer | None = None) -> "Entry":
+        """Validate a decoded entry (and its signature, given a signer); raises ``InvalidEntry`` and nothing else."""
         try:
             if signer is not None:
                 if not isinstance(d, Mapping):
@@ -135,7 +152,7 @@ class Entry:
                     signer.verify(d)
                 except BadSignature as exc:
                     raise UnsignedEntry(str(exc)) from None
-            return Entry._from_payload(d, expected_key, details)
+            return Entry._from_payload(d, expected_key)
         except InvalidEntry:
             raise
         except RecursionError:
@@ -146,7 +163,7 @@ class Entry:
             raise InvalidEntry(f"malformed entry: {exc!r}") from None
 
     @staticmethod
-    def _from_payload(d: object, expected_key: str | None, details: str | None) -> "Entry":
+    def _from_payload(d: object, expected_key: str | None) -> "Entry":
         if not isinstance(d, Mapping):
             raise InvalidEntry(f"entry must be a JSON object, got {type(d).__name__}")
         schema = d.get("schema_version")
@@ -172,7 +189,7 @@ class Entry:
                     versions=_versions(versions),
                 )
             key = _str(d, "key")
-            decision = Decision.from_payload(d["decision"], details)
+            decision = Decision.from_payload(d["decision"])
             plan_text = _str(d, "plan")
             dynamic = d["dynamic"]
             if type(dynamic) is not bool:
@@ -226,9 +243,10 @@ class Entry:
         """Parse and validate stored text; raises ``InvalidEntry`` (never anything else) naming what is wrong.
 
         With a signer the signature is checked on the text itself, before parsing.
-        The plan line is kept as text. ``lazy`` (a lookup, with ``expected_key``): the
-        details line is kept as text too, and decoded when the decision's
-        ``DETAIL_FIELDS`` are first read (``Decision.from_payload``).
+        The plan line is kept as text. ``lazy`` (a lookup, with ``expected_key``
+        this process digested from its own plan): the head line alone is parsed;
+        the key's parts are the caller's, the decision's ``DETAIL_FIELDS`` and the
+        entry's ``RECORD_FIELDS`` are kept as text and decoded when first read.
         """
         if len(text) > MAX_ENTRY_BYTES:
             raise InvalidEntry(f"entry is {len(text)} bytes, over the {MAX_ENTRY_BYTES}-byte cap")
@@ -242,26 +260,81 @@ class Entry:
                 signer.verify_text(text)
             except BadSignature as exc:
                 raise UnsignedEntry(str(exc)) from None
-        head, newline, rest = text.partition("\n")
-        details_text, newline2, plan_text = rest.partition("\n")
+        head, _, rest = text.partition("\n")
+        details_text, _, rest = rest.partition("\n")
+        record_text, newline, plan_text = rest.partition("\n")
         d = parse_json(head)
-        if not newline2:
+        if not newline:
             schema = d.get("schema_version") if isinstance(d, dict) else None
             if schema != SCHEMA_VERSION:
                 raise InvalidEntry(f"entry has schema {schema!r}, this prescreen reads schema {SCHEMA_VERSION}")
-            raise InvalidEntry(f"entry is not three lines (schema {SCHEMA_VERSION} stores a head line, the decision's "
-                               "details line, then the plan line)")
-        if not isinstance(d, dict) or PLAN_FIELD in d:
-            raise InvalidEntry("entry's head line must be a JSON object without a plan field")
-        d[PLAN_FIELD] = plan_text
+            raise InvalidEntry(f"entry is not four lines (schema {SCHEMA_VERSION} stores a head line, the decision's "
+                               "details line, the record line, then the plan line)")
+        if not isinstance(d, dict) or not d.keys() <= _HEAD_KEYS:
+            raise InvalidEntry("entry's head line must be a JSON object of the fields a hit reads")
         if lazy and expected_key is not None:
-            return Entry.from_payload(d, expected_key, details=details_text)
-        details = parse_json(details_text)
+            known = known_parts(expected_key)
+            if known is not None:
+                return Entry._from_head(d, expected_key, known, details_text, record_text, plan_text)
+        details, record = parse_json(details_text), parse_json(record_text)
         decision = d.get(DECISION_FIELD)
         if not isinstance(details, dict) or not isinstance(decision, dict) or details.keys() & decision.keys():
             raise InvalidEntry("entry's details line must be a JSON object of fields its head's decision lacks")
+        if not isinstance(record, dict) or record.keys() & d.keys() or PLAN_FIELD in record:
+            raise InvalidEntry("entry's record line must be a JSON object of fields its head lacks")
         decision.update(details)
+        d.update(record)
+        d[PLAN_FIELD] = plan_text
         return Entry.from_payload(d, expected_key)
+
+    @staticmethod
+    def _from_head(
+        d: dict[str, object], key: str, parts: KeyParts, details: str, record: str, plan_text: str
+    ) -> "Entry":
+        """A lookup's entry from its head line: ``parts`` are the ones this process digested into ``key``."""
+        schema = d.get("schema_version")
+        if schema != SCHEMA_VERSION or schema.__class__ is not int:
+            raise InvalidEntry(f"entry has schema {schema!r}, this prescreen reads schema {SCHEMA_VERSION}")
+        if d.get("key") != key:
+            raise InvalidEntry(f"entry is stored under {key[:12]} but carries key {str(d.get('key'))[:12]}")
+        dynamic = d.get("dynamic")
+        if dynamic.__class__ is not bool:
+            raise InvalidEntry(f"dynamic must be true or false, got {str(dynamic)[:40]}")
+        try:
+            decision = Decision.from_payload(d.get(DECISION_FIELD), details)  # type: ignore[arg-type]
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError) as exc:
+            raise InvalidEntry(f"malformed entry: {exc!r}") from None
+        if decision.estimator_version != parts.estimator_version:
+            raise InvalidEntry("decision and key disagree on the estimator version")
+        check_decision(decision, parts, dynamic)
+        entry = object.__new__(Entry)
+        for name, value in (("key", key), ("parts", parts), ("plan_text", plan_text), ("dynamic", dynamic),
+                            ("decision", decision), ("schema_version", SCHEMA_VERSION), ("_record", record)):
+            object.__setattr__(entry, name, value)
+        return entry
+
+
+#: An entry's fields on its record line, which a hit does not read (its key parts are the caller's).
+RECORD_FIELDS = ("created_at", "family", "hits", "host", "kernel", "pid")
+_HEAD_KEYS = HEAD_FIELDS | {SIGNATURE_FIELD}
+#: What a lookup's entry reads for its record fields where the stored record line is not valid.
+_NO_RECORD: dict[str, object] = {"created_at": 0.0, "family": None, "hits": 0, "host": "", "kernel": "", "pid": 0}
+
+
+def _decode_record(text: str | None) -> dict[str, object]:
+    """The ``RECORD_FIELDS`` of a lookup's entry from its record line, validated; ``_NO_RECORD`` where the line
+    is not valid (never raises)."""
+    try:
+        record = parse_json(text or "")
+        if not isinstance(record, dict):
+            return _NO_RECORD
+        family = record["family"]
+        if family is not None and not isinstance(family, dict):
+            return _NO_RECORD
+        return {"created_at": _finite(record, "created_at"), "family": family, "hits": _int(record, "hits") if "hits" in record else 0,
+                "host": _str(record, "host"), "kernel": _str(record, "kernel"), "pid": _int(record, "pid")}
+    except (InvalidEntry, KeyError, TypeError, ValueError):
+        return _NO_RECORD
 
 
 def parse_json(text: str | bytes) -> object:

@@ -5,8 +5,8 @@ directory, the Redis database or a bundle decides what prescreen does. With
 ``PRESCREEN_SIGNING_KEY`` (the secret itself) or ``PRESCREEN_SIGNING_KEY_FILE``
 (a file holding it, readable by its owner only), every entry written carries
 ``"signature": "hmac-sha256:<hex>"`` over its stored text (``canonical``: the
-head line of sorted-key JSON with ``hits`` as 0 and no signature, a newline,
-the details and plan lines), which holds the key. The signature is the head line's last
+head line of sorted-key JSON with no signature, a newline, the details, record
+and plan lines, ``hits`` as 0), which holds the key. The signature is the head line's last
 field, so a lookup checks it on the text as stored, before parsing it; a
 bundle entry is re-serialized first. Read back from disk,
 Redis or a bundle, an entry that is unsigned or whose signature does not
@@ -73,7 +73,7 @@ class Signer:
 
     def verify_text(self, text: str) -> None:
         """Raise ``BadSignature`` unless stored ``text`` is canonical with our signature as its last field."""
-        head, newline, rest = text.partition("\n")  # rest: the details and plan lines
+        head, newline, rest = text.partition("\n")  # rest: the details, record and plan lines
         match = _TAIL.search(head)
         if match is None:
             if f'"{SIGNATURE_FIELD}"' in head:
@@ -85,20 +85,32 @@ class Signer:
 
 PLAN_FIELD = "plan"
 DECISION_FIELD = "decision"
+#: An entry's fields on its head line (with the signature): what a hit needs.
+HEAD_FIELDS = frozenset({DECISION_FIELD, "dynamic", "key", "schema_version"})
 
 
 def canonical(payload: Mapping[str, object]) -> str:
     """The one text of an entry payload that is signed and stored (``Entry.to_json`` writes it).
 
-    Three lines, each JSON with sorted keys and no spaces: the payload without
-    its plan and without its decision's ``DETAIL_FIELDS`` (per-group bytes,
-    dominant argument), then those details, then the plan's own canonical JSON
-    text (``payload["plan"]``, a string). A lookup parses the first line only.
-    No line holds a raw newline (JSON escapes them). A payload whose plan is not
-    a string (a hostile bundle) gets that value's JSON as its last line: it signs
-    and verifies, and is refused as an entry.
+    Four lines, each JSON with sorted keys and no spaces:
+
+    1. the head: ``HEAD_FIELDS`` (and the signature), the decision without its ``DETAIL_FIELDS``;
+    2. the decision's details (per-group bytes, dominant argument);
+    3. the record: every other field but the plan (key parts, family, kernel, provenance, hits);
+    4. the plan's own canonical JSON text (``payload["plan"]``, a string).
+
+    A lookup parses the first line only. No line holds a raw newline (JSON
+    escapes them). A payload whose plan is not a string (a hostile bundle) gets
+    that value's JSON as its last line: it signs and verifies, and is refused as
+    an entry.
     """
-    head = {k: v for k, v in payload.items() if k != PLAN_FIELD}
+    head: dict[str, object] = {}
+    record: dict[str, object] = {}
+    for name, value in payload.items():
+        if name in HEAD_FIELDS or name == SIGNATURE_FIELD:
+            head[name] = value
+        elif name != PLAN_FIELD:
+            record[name] = value
     decision = head.get(DECISION_FIELD)
     details: dict[str, object] = {}
     if isinstance(decision, Mapping):
@@ -106,7 +118,7 @@ def canonical(payload: Mapping[str, object]) -> str:
         details = {k: decision[k] for k in DETAIL_FIELDS if k in decision}
     plan = payload.get(PLAN_FIELD)
     plan_line = plan if isinstance(plan, str) else canonical_json(plan)
-    return canonical_json(head) + "\n" + canonical_json(details) + "\n" + plan_line
+    return "\n".join((canonical_json(head), canonical_json(details), canonical_json(record), plan_line))
 
 
 def _read_key_file(path: Path) -> bytes:

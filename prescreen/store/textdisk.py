@@ -24,12 +24,16 @@ import time
 from collections.abc import Callable
 
 import diskcache
-from diskcache.core import DBNAME, MODE_BINARY, MODE_PICKLE, MODE_RAW, MODE_TEXT, UNKNOWN
+from diskcache.core import DBNAME, EVICTION_POLICY, MODE_BINARY, MODE_PICKLE, MODE_RAW, MODE_TEXT, UNKNOWN
 
 from prescreen.store.entry import MAX_ENTRY_BYTES
 from prescreen.store.secure import create_private_file, value_file
 
 _MODE_NAMES = {MODE_RAW: "raw", MODE_BINARY: "binary", MODE_TEXT: "text", MODE_PICKLE: "pickle"}
+#: One text-keyed row's value, as ``diskcache.Cache.get`` selects it.
+SELECT_VALUE = (
+    "SELECT mode, filename, value FROM Cache WHERE key = ? AND raw = 1 AND (expire_time IS NULL OR expire_time > ?)"
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -148,6 +152,25 @@ class FastOpenCache(diskcache.Cache):
             finally:
                 probe.close()
         super().__init__(directory, **kwargs)
+        # diskcache's get runs one SELECT unless it counts statistics or updates a column per get
+        self._plain_get = not self.statistics and EVICTION_POLICY[self.eviction_policy]["get"] is None
+
+    def get_text(self, key: str) -> object:
+        """``get(key)`` for a string key: the value as ``TextDisk.fetch`` gives it, or None.
+
+        On diskcache's own fast path (no statistics, no per-get update) this is its one
+        SELECT without ``get``'s general-purpose steps (key encoding, the columns only
+        ``expire_time``/``tag`` callers want): a lookup's read, inside a compile.
+        """
+        if not self._plain_get:
+            return self.get(key)
+        row = self._sql(SELECT_VALUE, (key, time.time())).fetchone()
+        if row is None:
+            return None
+        try:
+            return self._disk.fetch(row[0], row[1], row[2], False)
+        except OSError:  # the value's file went away under us: diskcache's get says missing too
+            return None
 
     @property
     def _sql_retry(self) -> Callable[..., sqlite3.Cursor]:
