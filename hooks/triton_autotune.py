@@ -159,17 +159,19 @@ def _device_clones(autotuner: Any, named: list[tuple[str, Any]], device: Any, fl
 
 
 def plan_for_autotuner(
-    autotuner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], named: list[tuple[str, Any]] | None = None
+    autotuner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], named: list[tuple[str, Any]] | None = None,
+    device: Any = None,
 ) -> KernelPlan:
     """The runtime benchmark of one kernel: the mutated args upstream clones on the device, and the flush buffer.
 
-    ``named``: ``_named_args`` of the call, where the caller has them already.
+    ``named`` and ``device``: ``_named_args`` of the call and ``_device_of`` them, where the caller has them.
     """
     from prescreen.hooks.select_algorithm import GPU_SLACK_BYTES, concrete_tensor_arg, flush_buffer_bytes
 
     if named is None:
         named = _named_args(autotuner, args, kwargs)
-    device = _device_of(named)
+    if device is None:
+        device = _device_of(named)
     flush = flush_buffer_bytes(device)
     plan_args: list[TensorArg | WorkspaceArg] = [
         concrete_tensor_arg(f"clone:{name}", value) for name, value in _device_clones(autotuner, named, device, flush)
@@ -205,7 +207,7 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
                 named = _named_args(self, args, kwargs)
                 device = _device_of(named)
                 if getattr(device, "type", "cpu") not in ("cpu", "meta"):
-                    plan = plan_for_autotuner(self, args, kwargs, named)
+                    plan = plan_for_autotuner(self, args, kwargs, named, device)
                     outcome = lookup_or_decide(plan, state.budget_for(device), state.get_store(), wait=False)
                     if not outcome.decision.tune:
                         state.log_once(outcome.key, logging.WARNING,

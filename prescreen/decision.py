@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from prescreen.budget import Budget
 from prescreen.errors import NotBounded, Reason
@@ -72,7 +72,7 @@ class Decision:
         where they are not valid (or do not add up to ``synthetic_bytes``), they read as ``()``
         and ``None``. A lookup passes it; listings, imports and bundles validate everything at once.
         """
-        if not isinstance(d, Mapping):
+        if d.__class__ is not dict and not isinstance(d, Mapping):
             raise ValueError(f"decision must be a mapping, got {type(d).__name__}")
         lazy = details is not None
         expected = _HEAD_FIELDS if lazy else _FIELDS
@@ -82,47 +82,40 @@ class Decision:
         action = d["action"]
         if action not in ("tune", "fallback"):
             raise ValueError(f"bad action {action!r}")
-        ints = {}
-        for key in _INT_FIELDS:
-            v = d[key]
+        ints: list[Any] = [d[key] for key in _INT_FIELDS]  # checked just below
+        for key, v in zip(_INT_FIELDS, ints):
             if v is not None and v.__class__ is not int:  # bools too
                 raise ValueError(f"{key} must be an int, got {v!r}")
-            ints[key] = v
-        for key in _REQUIRED_INTS:
-            if ints[key] is None:
+        estimated, synthetic, mutated, budget_bytes, total, largest, version = ints
+        for key, v in (("budget_bytes", budget_bytes), ("total_memory", total), ("estimator_version", version)):
+            if v is None:
                 raise ValueError(f"{key} must be an int, got None")
-        for key in ("bounded", "enable_auto_blockify"):
-            if d[key].__class__ is not bool:
-                raise ValueError(f"{key} must be a bool")
-        for key in ("device_kind", "reason"):
-            if not isinstance(d[key], str):
-                raise ValueError(f"{key} must be a string, got {d[key]!r}")
-        ratio = d["ratio"]
+        raw: Mapping[str, Any] = d  # each value is checked below before it is used
+        bounded, blockify, device_kind, reason, ratio = (
+            raw["bounded"], raw["enable_auto_blockify"], raw["device_kind"], raw["reason"], raw["ratio"])
+        if bounded.__class__ is not bool:
+            raise ValueError("bounded must be a bool")
+        if blockify.__class__ is not bool:
+            raise ValueError("enable_auto_blockify must be a bool")
+        if not isinstance(device_kind, str):
+            raise ValueError(f"device_kind must be a string, got {device_kind!r}")
+        if not isinstance(reason, str):
+            raise ValueError(f"reason must be a string, got {reason!r}")
         if ratio.__class__ not in (int, float) or not 0 < ratio <= 1:
             raise ValueError(f"bad ratio {ratio!r}")
-        fields = {
-            "action": action,
-            "bounded": d["bounded"],
-            "enable_auto_blockify": d["enable_auto_blockify"],
-            **ints,
-            "ratio": float(ratio),
-            "device_kind": d["device_kind"],
-            "reason": d["reason"],
-        }
         if lazy:
-            decision = object.__new__(Decision)
-            for name, value in fields.items():
-                object.__setattr__(decision, name, value)
+            decision = Decision(action, bounded, blockify, estimated, synthetic, mutated, budget_bytes, total,
+                                float(ratio), device_kind, reason, largest, None, (), version)
+            object.__delattr__(decision, "dominant_arg")  # unset: read through ``__getattr__``
+            object.__delattr__(decision, "group_bytes")
             object.__setattr__(decision, "_details", details)
             _check_consistent(decision, groups=False)
             return decision
         group_bytes, sizes = _group_pairs(d["group_bytes"])
         dom = d["dominant_arg"]
-        decision = Decision(
-            dominant_arg=None if dom is None else ArgFootprint.from_payload(dom),
-            group_bytes=group_bytes,
-            **fields,  # type: ignore[arg-type]
-        )
+        decision = Decision(action, bounded, blockify, estimated, synthetic, mutated, budget_bytes, total,
+                            float(ratio), device_kind, reason, largest,
+                            None if dom is None else ArgFootprint.from_payload(dom), group_bytes, version)
         _check_consistent(decision, sizes)
         return decision
 
@@ -134,7 +127,6 @@ DETAIL_FIELDS = ("dominant_arg", "group_bytes")
 _HEAD_FIELDS = _FIELDS - set(DETAIL_FIELDS)
 _INT_FIELDS = ("estimated_bytes", "synthetic_bytes", "mutated_clone_bytes", "budget_bytes", "total_memory",
                "largest_group_id", "estimator_version")
-_REQUIRED_INTS = ("budget_bytes", "total_memory", "estimator_version")
 _INT_ONLY = {int}
 
 
