@@ -36,12 +36,12 @@ calls: collections.Counter[str] = collections.Counter()
 PIECES: dict[ModuleType, tuple[str, ...]] = {
     select_algorithm: ("_is_benchmarked_fusion", "plans_for_fusion", "_kernel_args", "_graph_tensor",
                        "_benchmark_plan", "_fusion_kernels", "plan_for_selection", "flush_buffer_bytes",
-                       "lookup_or_decide"),
-    triton_autotune: ("plan_for_autotuner", "_device_of", "_named_args", "_peak_headroom", "_device_clones",
-                      "lookup_or_decide"),
+                       "concrete_tensor_arg", "lookup_or_decide"),
+    triton_autotune: ("plan_for_autotuner", "_device_of", "_named_args", "_peak_headroom", "_allocated_bytes_stats",
+                      "_device_clones", "lookup_or_decide"),
     state: ("budget_for", "get_store", "log_once"),
-    service: ("build_key", "try_representatives", "decide_with"),
-    key: ("canonical_texts",),
+    service: ("build_key", "try_representatives", "decide_with", "_remember"),
+    key: ("canonical_texts", "plan_hashes", "_new_key"),
 }
 
 

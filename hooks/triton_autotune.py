@@ -114,14 +114,17 @@ def _clone_bytes(value: Any) -> int:
     return int(_storage_elements(value.size(), value.stride()) * value.element_size())
 
 
-def _greedy(candidates: list[tuple[str, Any]], budget: int) -> list[tuple[str, Any]]:
-    """Upstream's rule: in argument order, clone what fits in the budget left; the rest go to the host."""
+def _greedy(candidates: list[tuple[str, Any, int]], budget: int) -> list[tuple[str, Any, int]]:
+    """Upstream's rule: in argument order, clone what fits in the budget left; the rest go to the host.
+
+    ``candidates``: (name, tensor, its clone's bytes).
+    """
     kept = []
-    for name, value in candidates:
-        size = _clone_bytes(value)
+    for candidate in candidates:
+        size = candidate[2]
         if size <= budget:
             budget -= size
-            kept.append((name, value))
+            kept.append(candidate)
     return kept
 
 
@@ -140,22 +143,22 @@ def _device_clones(autotuner: Any, named: list[tuple[str, Any]], device: Any, fl
     candidates = [(n, v) for n, v in named if n in mutated and isinstance(v, torch.Tensor)]
     if not candidates or not getattr(autotuner, "optimize_mem", False):
         return candidates
-    on_device = [(n, v) for n, v in candidates if v.device.type in HOST_COPY_DEVICES]
-    always = [(n, v) for n, v in candidates if v.device.type not in HOST_COPY_DEVICES]  # upstream clones those
     headroom = _peak_headroom(device)
     if headroom is None:
         return candidates
-    best: list[tuple[str, Any]] = []
+    on_device = [(n, v, _clone_bytes(v)) for n, v in candidates if v.device.type in HOST_COPY_DEVICES]
+    always = [(n, v) for n, v in candidates if v.device.type not in HOST_COPY_DEVICES]  # upstream clones those
+    best: list[tuple[str, Any, int]] = []
     best_bytes = 0
     budget, seen = max(headroom, 0), set[int]()
     while budget not in seen and len(seen) < max(len(getattr(autotuner, "launchers", ())), 1):
         seen.add(budget)
         kept = _greedy(on_device, budget)
-        kept_bytes = sum(_clone_bytes(v) for _n, v in kept)
+        kept_bytes = sum(size for _n, _v, size in kept)
         if kept_bytes > best_bytes:
             best, best_bytes = kept, kept_bytes
         budget = max(budget, flush + kept_bytes)
-    return always + best
+    return always + [(n, v) for n, v, _size in best]
 
 
 def plan_for_autotuner(
