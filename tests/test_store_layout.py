@@ -283,19 +283,36 @@ def test_the_identity_fast_path_holds_no_plan_objects() -> None:
     assert hashing.call_count == 3  # plan text, family text, key parts (once: the key is memoised)
 
 
-def _details_line(text: str, details: str) -> str:
-    head, _, record, plan = text.split("\n")
-    return "\n".join((head, details, record, plan))
+def _with_line(text: str, index: int, line: str) -> str:
+    """A stored entry's text with line ``index`` (1: the details, 2: the record) replaced by ``line``."""
+    lines = text.split("\n")
+    lines[index] = line
+    return "\n".join(lines)
+
+
+def _lookup_only(hostile: str, key: str) -> Entry:
+    """What a lookup decodes of ``hostile``, after checking that both full decodes refuse it."""
+    with pytest.raises(InvalidEntry):
+        Entry.from_json(hostile)
+    with pytest.raises(InvalidEntry):
+        Entry.from_json(hostile, key)
+    return Entry.from_json(hostile, key, lazy=True)
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> list[object]:
+    """The calls of ``module.name`` from now on (each one's arguments), the function still doing its work."""
+    calls: list[object] = []
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *args: calls.append(args) or real(*args))
+    return calls
 
 
 def test_a_lookup_decodes_the_details_on_first_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Schema 4: a lookup parses the head line only; the per-group bytes are decoded when first read."""
+    """Schemas 4 and 5: a lookup parses the head line only; the per-group bytes are decoded when first read."""
     from prescreen import decision as decision_module
 
     plan = make_plan(SEED)
-    decodes: list[object] = []
-    real = decision_module._decode_details
-    monkeypatch.setattr(decision_module, "_decode_details", lambda d: decodes.append(d) or real(d))
+    decodes = _counting(monkeypatch, decision_module, "_decode_details")
     with DiskStore(tmp_path) as store:
         lookup_or_decide(plan, BUDGET, store, wait=True)
         key = build_key(plan, BUDGET)[0]
@@ -343,12 +360,8 @@ def test_bad_details_read_as_empty_on_a_hit_and_invalid_everywhere_else(
     path that decodes them (``get``, listings, ``inspect --verify``, imports) refuses the entry."""
     entry = make_entry(SEED)
     text = entry.to_json()
-    hostile = _details_line(text, _bad_details(name, text.split("\n")[1]))
-    with pytest.raises(InvalidEntry):
-        Entry.from_json(hostile)
-    with pytest.raises(InvalidEntry):
-        Entry.from_json(hostile, entry.key)
-    looked = Entry.from_json(hostile, entry.key, lazy=True)
+    hostile = _with_line(text, 1, _bad_details(name, text.split("\n")[1]))
+    looked = _lookup_only(hostile, entry.key)
     assert looked.decision.tune == entry.decision.tune and looked.decision.reason == entry.decision.reason
     assert (looked.decision.group_bytes, looked.decision.dominant_arg) == ((), None)
     with DiskStore(tmp_path) as store, caplog.at_level(logging.WARNING, logger="prescreen.store"):
@@ -361,20 +374,13 @@ def test_bad_details_read_as_empty_on_a_hit_and_invalid_everywhere_else(
     assert result.exception is None or isinstance(result.exception, SystemExit), result.output
 
 
-def _record_line(text: str, record: str) -> str:
-    head, details, _, plan = text.split("\n")
-    return "\n".join((head, details, record, plan))
-
-
 def test_a_lookup_reads_the_record_on_first_access(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Schema 5: a hit parses the head line only; its key parts are the ones the caller digested into the key,
     and the kernel, family and provenance are decoded when first read."""
     from prescreen.store import entry as entry_module
 
     plan = make_plan(SEED)
-    decodes: list[object] = []
-    real = entry_module._decode_record
-    monkeypatch.setattr(entry_module, "_decode_record", lambda text: decodes.append(text) or real(text))
+    decodes = _counting(monkeypatch, entry_module, "_decode_record")
     with DiskStore(tmp_path) as store:
         lookup_or_decide(plan, BUDGET, store, wait=True)
         key, parts = build_key(plan, BUDGET)
@@ -420,12 +426,8 @@ def test_a_bad_record_serves_a_hit_and_is_invalid_everywhere_else(tmp_path: Path
     "", family None, no provenance), and every path that decodes it (``get``, listings, imports) refuses it."""
     entry = make_entry(SEED)
     text = entry.to_json()
-    hostile = _record_line(text, _bad_record(name, text.split("\n")[2]))
-    with pytest.raises(InvalidEntry):
-        Entry.from_json(hostile)
-    with pytest.raises(InvalidEntry):
-        Entry.from_json(hostile, entry.key)
-    looked = Entry.from_json(hostile, entry.key, lazy=True)
+    hostile = _with_line(text, 2, _bad_record(name, text.split("\n")[2]))
+    looked = _lookup_only(hostile, entry.key)
     assert looked.decision == entry.decision and looked.parts == entry.parts
     reads_empty = BAD_RECORDS[name][1]
     expected = ("", None, 0, "") if reads_empty else (entry.kernel, entry.family, entry.pid, entry.host)
@@ -444,7 +446,7 @@ def test_a_lookup_under_a_key_this_process_did_not_digest_decodes_every_line() -
     """Without the caller's parts (its key memo emptied), a lookup checks the stored parts against the key."""
     entry = make_entry(SEED)
     text = entry.to_json()
-    forged = _record_line(text, _bad_record("parts-of-another-plan", text.split("\n")[2]))
+    forged = _with_line(text, 2, _bad_record("parts-of-another-plan", text.split("\n")[2]))
     forget_plan_hashes()
     with pytest.raises(InvalidEntry):
         Entry.from_json(forged, entry.key, lazy=True)
