@@ -452,3 +452,14 @@ def test_a_lookup_under_a_key_this_process_did_not_digest_decodes_every_line() -
         Entry.from_json(forged, entry.key, lazy=True)
     looked = Entry.from_json(text, entry.key, lazy=True)
     assert looked == entry and looked._record is None
+
+
+@pytest.mark.parametrize("schema", ["5.0", "true"])
+def test_a_schema_that_only_equals_the_current_one_is_refused_by_every_decode(schema: str) -> None:
+    """``5.0 == 5`` in Python, but the schema is an exact int: a lookup and a full decode agree on refusing it."""
+    entry = make_entry(SEED)
+    text = entry.to_json().replace(f'"schema_version":{SCHEMA_VERSION}', f'"schema_version":{schema}', 1)
+    for decode in (lambda: Entry.from_json(text), lambda: Entry.from_json(text, entry.key),
+                   lambda: Entry.from_json(text, entry.key, lazy=True)):
+        with pytest.raises(InvalidEntry, match="schema"):
+            decode()

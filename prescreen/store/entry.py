@@ -167,7 +167,7 @@ class Entry:
         if not isinstance(d, Mapping):
             raise InvalidEntry(f"entry must be a JSON object, got {type(d).__name__}")
         schema = d.get("schema_version")
-        if schema != SCHEMA_VERSION:
+        if schema != SCHEMA_VERSION or schema.__class__ is not int:  # 5.0 and True are not schemas
             raise InvalidEntry(f"entry has schema {schema!r}, this prescreen reads schema {SCHEMA_VERSION}")
         try:
             raw_parts = d["parts"]
