@@ -1,6 +1,6 @@
 """The embedded store: one diskcache directory, JSON text values, faults degrade to misses.
 
-Layout: the entry under its 64-hex key (its text from ``Entry.to_json``: head, details and plan lines;
+Layout: the entry under its 64-hex key (its text from ``Entry.to_json``: head, details, record and plan lines;
 inline in ``cache.db`` or, above ``min_file_size``, in a ``.val`` text file),
 and its hit counter, an integer, under ``hits:<key>``, so a hit never rewrites
 the entry. ``put`` is ``Cache.add``: the first writer wins and concurrent
