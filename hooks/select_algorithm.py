@@ -118,6 +118,7 @@ class _SymbolFacts:
 
 _facts_by_graph: "weakref.WeakKeyDictionary[Any, _SymbolFacts]" = weakref.WeakKeyDictionary()
 
+
 def _symbol_facts(sizevars: Any) -> _SymbolFacts:
     """The facts already read of ``sizevars``' symbols (dropped with it)."""
     return state.kept(_facts_by_graph, sizevars, _SymbolFacts())

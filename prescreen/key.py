@@ -73,23 +73,6 @@ class KeyParts:
     def digest(self) -> str:
         return hashlib.sha256(self.text().encode()).hexdigest()
 
-    def matches(self, raw: object) -> bool:
-        """Whether ``raw`` (a stored entry's decoded ``parts``) holds exactly these parts, types included.
-
-        A lookup's shortcut: parts equal to the ones this process digested into the key need no
-        field-by-field validation (``Entry.from_payload``).
-        """
-        if not isinstance(raw, dict) or raw.keys() != _PARTS_FIELDS:
-            return False
-        d: dict[str, object] = raw
-        memory, schema, estimator = d["total_memory"], d["schema_version"], d["estimator_version"]
-        return (d["plan_hash"] == self.plan_hash and d["family_hash"] == self.family_hash
-                and d["device_kind"] == self.device_kind and memory.__class__ is int and memory == self.total_memory
-                and d["ratio"].__class__ is self.ratio.__class__ and d["ratio"] == self.ratio
-                and schema.__class__ is int and schema == self.schema_version
-                and estimator.__class__ is int and estimator == self.estimator_version
-                and d["versions"] == dict(self.versions))
-
     def text(self) -> str:
         """``canonical_json(self.to_payload())``, written directly where every field has its usual type."""
         try:
@@ -397,9 +380,6 @@ def forget_plan_hashes() -> None:
         _by_text.clear()
         _keys.clear()
         _parts_by_key.clear()
-
-
-_PARTS_FIELDS = frozenset(f.name for f in dataclasses.fields(KeyParts))
 
 
 def known_parts(key: str) -> "KeyParts | None":

@@ -79,7 +79,8 @@ class Store(abc.ABC):
     def decode(self, key: str, raw: object, *, warn: bool = True, lazy: bool = False) -> Entry | None:
         """The valid entry in a stored value (JSON text), or None with one warning per kind of fault.
 
-        ``lazy``: a lookup's decode, whose decision's details are decoded on first access (``Entry.from_json``).
+        ``lazy``: a lookup's decode, whose decision's details and record are decoded on first access
+        (``Entry.from_json``).
         """
         if raw is None:
             return None

@@ -25,7 +25,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prescreen.decision import Decision
 from prescreen.key import SCHEMA_VERSION, KeyParts, family_hash, known_parts, payload_text
@@ -171,45 +171,27 @@ class Entry:
             raise InvalidEntry(f"entry has schema {schema!r}, this prescreen reads schema {SCHEMA_VERSION}")
         try:
             raw_parts = d["parts"]
-            known = None if expected_key is None else known_parts(expected_key)
-            if known is not None and known.matches(raw_parts):
-                parts = known  # the caller's own parts: valid, and digested into the key
-            else:
-                versions = raw_parts["versions"]
-                if not isinstance(versions, Mapping):
-                    raise InvalidEntry("parts.versions must be a JSON object")
-                parts = KeyParts(
-                    plan_hash=_str(raw_parts, "plan_hash"),
-                    family_hash=_str(raw_parts, "family_hash"),
-                    device_kind=_str(raw_parts, "device_kind"),
-                    total_memory=_int(raw_parts, "total_memory"),
-                    ratio=_finite(raw_parts, "ratio"),
-                    schema_version=_int(raw_parts, "schema_version"),
-                    estimator_version=_int(raw_parts, "estimator_version"),
-                    versions=_versions(versions),
-                )
+            versions = raw_parts["versions"]
+            if not isinstance(versions, Mapping):
+                raise InvalidEntry("parts.versions must be a JSON object")
+            parts = KeyParts(
+                plan_hash=_str(raw_parts, "plan_hash"),
+                family_hash=_str(raw_parts, "family_hash"),
+                device_kind=_str(raw_parts, "device_kind"),
+                total_memory=_int(raw_parts, "total_memory"),
+                ratio=_finite(raw_parts, "ratio"),
+                schema_version=_int(raw_parts, "schema_version"),
+                estimator_version=_int(raw_parts, "estimator_version"),
+                versions=_versions(versions),
+            )
             key = _str(d, "key")
             decision = Decision.from_payload(d["decision"])
             plan_text = _str(d, "plan")
             dynamic = d["dynamic"]
             if type(dynamic) is not bool:
                 raise InvalidEntry(f"dynamic must be true or false, got {str(dynamic)[:40]}")
-            family = d["family"]
-            if family is not None and not isinstance(family, dict):
-                raise InvalidEntry("family must be a JSON object")
-            entry = Entry(
-                key=key,
-                parts=parts,
-                kernel=_str(d, "kernel"),
-                plan_text=plan_text,
-                dynamic=dynamic,
-                family=family,
-                decision=decision,
-                created_at=_finite(d, "created_at"),
-                host=_str(d, "host"),
-                pid=_int(d, "pid"),
-                hits=_int(d, "hits") if "hits" in d else 0,
-            )
+            record = _record_fields(d)
+            entry = Entry(key=key, parts=parts, plan_text=plan_text, dynamic=dynamic, decision=decision, **record)
         except InvalidEntry:
             raise
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError) as exc:
@@ -224,7 +206,7 @@ class Entry:
             # A listing, an import or a bundle: decode the stored plan and re-derive the hashes
             # and the dynamic flag from it. (On a lookup, the family's depth is bounded by the
             # JSON parser's recursion limit, caught as invalid.)
-            _check_depth(family, "family")
+            _check_depth(record["family"], "family")
             stored_plan = KernelPlan.from_payload(_decode_plan(plan_text))
             if stored_plan.plan_hash() != parts.plan_hash or family_hash(stored_plan) != parts.family_hash:
                 raise InvalidEntry("stored plan does not hash to the key's plan and family hashes")
@@ -318,21 +300,25 @@ class Entry:
 RECORD_FIELDS = ("created_at", "family", "hits", "host", "kernel", "pid")
 _HEAD_KEYS = HEAD_FIELDS | {SIGNATURE_FIELD}
 #: What a lookup's entry reads for its record fields where the stored record line is not valid.
-_NO_RECORD: dict[str, object] = {"created_at": 0.0, "family": None, "hits": 0, "host": "", "kernel": "", "pid": 0}
+_NO_RECORD: dict[str, Any] = {"created_at": 0.0, "family": None, "hits": 0, "host": "", "kernel": "", "pid": 0}
 
 
-def _decode_record(text: str | None) -> dict[str, object]:
-    """The ``RECORD_FIELDS`` of a lookup's entry from its record line, validated; ``_NO_RECORD`` where the line
-    is not valid (never raises)."""
+def _record_fields(d: Mapping[str, object]) -> dict[str, Any]:
+    """An entry's ``RECORD_FIELDS`` in ``d``, validated: raises ``InvalidEntry`` (``KeyError`` for a missing one;
+    ``hits`` may be left out, as bundles leave it)."""
+    family = d["family"]
+    if family is not None and not isinstance(family, dict):
+        raise InvalidEntry("family must be a JSON object")
+    return {"created_at": _finite(d, "created_at"), "family": family, "hits": _int(d, "hits") if "hits" in d else 0,
+            "host": _str(d, "host"), "kernel": _str(d, "kernel"), "pid": _int(d, "pid")}
+
+
+def _decode_record(text: str | None) -> dict[str, Any]:
+    """The ``RECORD_FIELDS`` of a lookup's entry from its record line (``_record_fields``); ``_NO_RECORD`` where
+    the line is not valid (never raises)."""
     try:
         record = parse_json(text or "")
-        if not isinstance(record, dict):
-            return _NO_RECORD
-        family = record["family"]
-        if family is not None and not isinstance(family, dict):
-            return _NO_RECORD
-        return {"created_at": _finite(record, "created_at"), "family": family, "hits": _int(record, "hits") if "hits" in record else 0,
-                "host": _str(record, "host"), "kernel": _str(record, "kernel"), "pid": _int(record, "pid")}
+        return _record_fields(record) if isinstance(record, dict) else _NO_RECORD
     except (InvalidEntry, KeyError, TypeError, ValueError):
         return _NO_RECORD
 

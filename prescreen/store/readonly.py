@@ -18,7 +18,7 @@ from pathlib import Path
 
 from diskcache.core import DBNAME
 
-from prescreen.store.textdisk import SELECT_VALUE, TextDisk
+from prescreen.store.textdisk import SELECT_VALUE, TextDisk, fetch_row
 
 
 class ReadOnlyCache:
@@ -50,13 +50,7 @@ class ReadOnlyCache:
         """The decoded value under ``key`` (text, int or ``Refused``), or None."""
         with self._lock:
             row = self.con.execute(SELECT_VALUE, (key, time.time())).fetchone()
-        if row is None:
-            return None
-        mode, filename, value = row
-        try:
-            return self.disk.fetch(mode, filename, value, False)
-        except OSError:
-            return None
+        return fetch_row(self.disk, row)
 
     get_text = get  # what ``FastOpenCache`` reads a lookup's value with
 

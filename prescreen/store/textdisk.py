@@ -64,6 +64,17 @@ def read_value_file(path: str, limit: int = MAX_ENTRY_BYTES) -> str | Refused:
         return Refused("its value file is not UTF-8 text")
 
 
+def fetch_row(disk: diskcache.Disk, row: tuple[object, ...] | None) -> object:
+    """The value of a ``SELECT_VALUE`` row as ``disk.fetch`` gives it; None for no row, or where the value's
+    file went away under the read (``diskcache.Cache.get`` says missing then too)."""
+    if row is None:
+        return None
+    try:
+        return disk.fetch(row[0], row[1], row[2], False)
+    except OSError:
+        return None
+
+
 class TextDisk(diskcache.Disk):
     """Keys and values as text or integers only; pickle is refused both ways."""
 
@@ -164,13 +175,7 @@ class FastOpenCache(diskcache.Cache):
         """
         if not self._plain_get:
             return self.get(key)
-        row = self._sql(SELECT_VALUE, (key, time.time())).fetchone()
-        if row is None:
-            return None
-        try:
-            return self._disk.fetch(row[0], row[1], row[2], False)
-        except OSError:  # the value's file went away under us: diskcache's get says missing too
-            return None
+        return fetch_row(self._disk, self._sql(SELECT_VALUE, (key, time.time())).fetchone())
 
     @property
     def _sql_retry(self) -> Callable[..., sqlite3.Cursor]:
