@@ -13,8 +13,11 @@ the slack, all concrete) and ``bench_store``'s mid plan (16 args x 81 groups).
 Rows: the whole first lookup of the plan in the process (``lookup_or_decide``,
 memos emptied, the store warm), and its pieces: the key, the store read and the
 entry's decode; then diskcache's own ``Cache.get`` against the read prescreen
-makes (``FastOpenCache.get_text``), and the head line a hit parses now against
-the whole entry's fields.
+makes (``FastOpenCache.get_text``), the head line a hit parses now against
+the whole entry's fields, and one row's read right after another connection
+committed (as the background writer does between a compile's lookups), of a
+row that connection has not read before (as a compile's new keys are), with
+SQLite's memory map on (diskcache's 64 MiB) and off (prescreen's store).
 
 Run: ``python bench/bench_cold_lookup.py [--samples 300]``.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -33,6 +37,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from diskcache.core import DBNAME, DEFAULT_SETTINGS
 
 from prescreen.budget import Budget
 from prescreen.expr import Const
@@ -40,12 +45,15 @@ from prescreen.key import build_key, forget_plan_hashes
 from prescreen.plan import KernelPlan, TensorArg, WorkspaceArg
 from prescreen.service import forget, lookup_or_decide
 from prescreen.store import DiskStore
+from prescreen.store.disk import SQLITE_MMAP_SIZE
 from prescreen.store.entry import Entry, parse_json
+from prescreen.store.textdisk import SELECT_VALUE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_store  # noqa: E402 - the mid plan, as bench_store builds it
 
 CUDA = Budget("cuda", 140 * 2**30, 0.9)
+DISKCACHE_MMAP = int(DEFAULT_SETTINGS["sqlite_mmap_size"])
 _SCRATCH = np.ones(64 * 2**20 // 8)
 
 
@@ -107,6 +115,26 @@ def measure(store: DiskStore, plans: list[KernelPlan], budget: Budget, n: int) -
         build_key(plans[i % 64], budget)
         return i % 64
 
+    # Rows no connection has read yet (as a compile's new keys are), one per sample and reader: the rows a
+    # read after a commit takes are each read once.
+    fresh_keys = {size: iter([f"bench.fresh.{size}.{i}" for i in range(2 * n)]) for size in (DISKCACHE_MMAP, SQLITE_MMAP_SIZE)}
+    with cache.transact():
+        for names in list(fresh_keys.values()):
+            for name in list(names):
+                cache.set(name, texts[0])
+    fresh_keys = {size: iter([f"bench.fresh.{size}.{i}" for i in range(2 * n)]) for size in fresh_keys}
+    writer_con = sqlite3.connect(str(store.directory / DBNAME), isolation_level=None)
+    readers = {size: sqlite3.connect(str(store.directory / DBNAME), isolation_level=None) for size in fresh_keys}
+    for size, con in readers.items():
+        con.execute(f"PRAGMA mmap_size={size}")
+
+    def committed(i: int) -> None:
+        """Another connection commits (as the background writer does between two lookups)."""
+        writer_con.execute("INSERT OR REPLACE INTO Settings VALUES ('bench.commit', ?)", (i,))
+
+    def read_with(size: int) -> Callable[[None], object]:
+        return lambda _: readers[size].execute(SELECT_VALUE, (next(fresh_keys[size]), time.time())).fetchone()
+
     return [
         ("first lookup (key + read + decode + service)", timed(lambda p: lookup_or_decide(p, budget, store), fresh, n)),
         ("  key (canonical text, 3 sha256)", timed(lambda p: build_key(p, budget), fresh, n)),
@@ -115,6 +143,8 @@ def measure(store: DiskStore, plans: list[KernelPlan], budget: Budget, n: int) -
         ("diskcache Cache.get (same row)", timed(lambda i: cache.get(keys[i]), known, n)),
         ("parse the head line (what a hit parses)", timed(lambda i: parse_json(heads[i]), lambda i: i % 64, n)),
         ("parse every field but the plan", timed(lambda i: parse_json(every[i]), lambda i: i % 64, n)),
+        ("new row after a commit, SQLite mmap 64 MiB", timed(read_with(DISKCACHE_MMAP), committed, n)),
+        ("new row after a commit, mmap off (prescreen)", timed(read_with(SQLITE_MMAP_SIZE), committed, n)),
     ]
 
 
@@ -140,9 +170,13 @@ def main() -> None:
         by = {what.strip(): t for what, t in found}
         get, mine = by["diskcache Cache.get (same row)"], by["store read (get_text)"]
         head, every = by["parse the head line (what a hit parses)"], by["parse every field but the plan"]
+        mapped = by["new row after a commit, SQLite mmap 64 MiB"]
+        unmapped = by["new row after a commit, mmap off (prescreen)"]
         print(f"{case}: diskcache get / get_text = {get['hot'] / mine['hot']:.2f}x hot, "
               f"{get['cold'] / mine['cold']:.2f}x cold; every field / the head line = "
-              f"{every['hot'] / head['hot']:.2f}x hot, {every['cold'] / head['cold']:.2f}x cold")
+              f"{every['hot'] / head['hot']:.2f}x hot, {every['cold'] / head['cold']:.2f}x cold; "
+              f"after a commit, mmap on / off = {mapped['hot'] / unmapped['hot']:.2f}x hot, "
+              f"{mapped['cold'] / unmapped['cold']:.2f}x cold")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import os
 import pickle
+import threading
 from pathlib import Path
 
 import diskcache
@@ -315,3 +316,23 @@ def test_verify_entry_catches_a_consistent_forgery(store: DiskStore) -> None:
     raw_cache(store.directory).set(entry.key, entry_text(d))
     forged = store.get(entry.key)  # structurally valid: the store cannot tell
     assert forged is not None and not verify_entry(forged)
+
+
+def test_sqlite_maps_no_part_of_the_database(tmp_path: Path) -> None:
+    """Reads go through SQLite's page cache on every connection, a directory diskcache made with its default map too
+    (a read through the map costs more right after another connection's commit: ``bench_cold_lookup``)."""
+    diskcache.Cache(str(tmp_path)).close()  # made by diskcache itself: it maps 64 MiB
+    with DiskStore(tmp_path) as store:
+        assert store._cache is not None
+        mapped: list[int] = []
+
+        def read_pragma() -> None:  # a thread's own connection reads the directory's Settings
+            assert store._cache is not None
+            mapped.append(store._cache._con.execute("PRAGMA mmap_size").fetchone()[0])
+
+        read_pragma()
+        worker = threading.Thread(target=read_pragma)
+        worker.start()
+        worker.join()
+        assert mapped == [0, 0]
+    assert diskcache.Cache(str(tmp_path)).sqlite_mmap_size == 0  # kept in the directory for every later opener

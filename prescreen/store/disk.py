@@ -71,6 +71,11 @@ DEFAULT_TIMEOUT = 0.5
 DEFAULT_COOLDOWN = 30.0
 HITS_PREFIX = "hits:"
 HIT_FLUSH_SECONDS = 30.0  # hit counts are statistics: written this often (and on close, stats and exit)
+#: SQLite memory-maps no part of the database (diskcache maps 64 MiB): after another connection commits
+#: (this process's background writer, another process), a read through the map cost 2.5x a read into
+#: SQLite's own page cache, cold (``bench/bench_cold_lookup.py``). A per-connection pragma, kept in the
+#: cache's Settings table, so every connection that opens the directory uses it.
+SQLITE_MMAP_SIZE = 0
 MOVE_CHECK_SECONDS = 5.0  # how often a reader checks that cache.db is still the file it opened (a stat)
 KEY_ROWS = "SELECT key, filename FROM Cache WHERE raw = 1"
 MAX_HITS = 2**62  # counters saturate here, far inside SQLite's 64-bit integers
@@ -228,6 +233,7 @@ class DiskStore(Store):
             eviction_policy="least-recently-stored",
             disk_min_file_size=self.min_file_size,
             statistics=0,
+            sqlite_mmap_size=SQLITE_MMAP_SIZE,
         )
 
     def _open(self) -> None:
