@@ -557,7 +557,14 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--json", default=None)
     ap.add_argument("--trace-lookups", action="store_true", help="print every lookup that reads the store or decides")
+    ap.add_argument("--sqlite-mmap", type=int, default=None, metavar="BYTES",
+                    help="how much of the store's database SQLite memory-maps (prescreen maps none, diskcache 64 MiB); "
+                         "to compare the two, each in its own store directory (the setting is kept there)")
     args = ap.parse_args()
+    if args.sqlite_mmap is not None:
+        from prescreen.store import disk
+
+        disk.SQLITE_MMAP_SIZE = args.sqlite_mmap
     import torch._inductor.config as ic
 
     import prescreen

@@ -135,7 +135,8 @@ def _device_clones(autotuner: Any, named: list[tuple[str, Any]], device: Any, fl
     what fits under the peak's headroom is cloned. The headroom can only grow
     between configs (by the flush buffer and the clones of the config before),
     so the budgets are followed to their fixed point and the set with the most
-    bytes is kept.
+    bytes is kept. Where the flush buffer alone holds every clone, the second
+    config clones them all, whatever the headroom.
     """
     import torch
 
@@ -143,15 +144,20 @@ def _device_clones(autotuner: Any, named: list[tuple[str, Any]], device: Any, fl
     candidates = [(n, v) for n, v in named if n in mutated and isinstance(v, torch.Tensor)]
     if not candidates or not getattr(autotuner, "optimize_mem", False):
         return candidates
+    on_device = [(n, v, _clone_bytes(v)) for n, v in candidates if v.device.type in HOST_COPY_DEVICES]
+    always = [(n, v) for n, v in candidates if v.device.type not in HOST_COPY_DEVICES]  # upstream clones those
+    configs = max(len(getattr(autotuner, "launchers", ())), 1)
+    if configs > 1 and sum(size for _n, _v, size in on_device) <= flush:
+        # The second config's budget is at least the flush buffer, which holds them all: the headroom
+        # (an allocator-statistics read) cannot change the answer.
+        return always + [(n, v) for n, v, _size in on_device]
     headroom = _peak_headroom(device)
     if headroom is None:
         return candidates
-    on_device = [(n, v, _clone_bytes(v)) for n, v in candidates if v.device.type in HOST_COPY_DEVICES]
-    always = [(n, v) for n, v in candidates if v.device.type not in HOST_COPY_DEVICES]  # upstream clones those
     best: list[tuple[str, Any, int]] = []
     best_bytes = 0
     budget, seen = max(headroom, 0), set[int]()
-    while budget not in seen and len(seen) < max(len(getattr(autotuner, "launchers", ())), 1):
+    while budget not in seen and len(seen) < configs:
         seen.add(budget)
         kept = _greedy(on_device, budget)
         kept_bytes = sum(size for _n, _v, size in kept)

@@ -330,6 +330,7 @@ def _mem_args() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     # cloned), then flush + 2 MiB (the 4 MiB arg): the largest set any config clones is kept
     (0, 2 * MIB, ["in_out_ptr0"]),
     (MIB, 3 * MIB, ["in_out_ptr0", "in_out_ptr1", "in_out_ptr2"]),  # headroom 1 -> 4 -> 7 MiB
+    (0, 7 * MIB, ["in_out_ptr0", "in_out_ptr1", "in_out_ptr2"]),  # the flush alone holds all 7 MiB
 ])
 def test_runtime_plan_mirrors_upstreams_host_copy_rule(monkeypatch: pytest.MonkeyPatch, headroom: int | None,
                                                        flush: int, expected: list[str]) -> None:
@@ -342,6 +343,26 @@ def test_runtime_plan_mirrors_upstreams_host_copy_rule(monkeypatch: pytest.Monke
     named = triton_autotune._named_args(tuner, _mem_args(), {})
     kept = triton_autotune._device_clones(tuner, named, torch.device("cpu"), flush)
     assert [name for name, _ in kept] == expected
+
+
+@pytest.mark.parametrize(("flush", "read"), [(7 * MIB, False), (7 * MIB - 1, True)])
+def test_runtime_plan_reads_no_statistics_where_the_flush_holds_every_clone(
+    monkeypatch: pytest.MonkeyPatch, flush: int, read: bool
+) -> None:
+    """The second config clones every arg the flush buffer holds (its budget is at least the flush): the
+    headroom is read only where it can change the answer."""
+    from prescreen.hooks import triton_autotune
+
+    reads: list[object] = []
+    monkeypatch.setattr(triton_autotune, "HOST_COPY_DEVICES", ("cpu",))
+    monkeypatch.setattr(triton_autotune, "_peak_headroom", lambda device: reads.append(device) or 0)
+    tuner = _MemTuner(optimize_mem=True)
+    kept = triton_autotune._device_clones(tuner, triton_autotune._named_args(tuner, _mem_args(), {}),
+                                          torch.device("cpu"), flush)
+    assert ([name for name, _ in kept], bool(reads)) == (tuner.mutated_arg_names, read)  # 1 byte short: 3 configs
+    tuner.launchers = tuner.launchers[:1]  # one config: nothing is benchmarked after the flush
+    assert triton_autotune._device_clones(tuner, triton_autotune._named_args(tuner, _mem_args(), {}),
+                                          torch.device("cpu"), flush) == []
 
 
 def test_runtime_plan_without_optimize_mem_clones_every_mutated_arg(monkeypatch: pytest.MonkeyPatch) -> None:
