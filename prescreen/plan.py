@@ -268,7 +268,7 @@ class KernelPlan:
     @property
     def is_dynamic(self) -> bool:
         """True when some axis has no static length (a dynamic-shape kernel)."""
-        return has_dynamic_axis(self.axis_names, self.axis_static_values)
+        return bool(self.axis_names) and has_dynamic_axis(self.axis_names, self.axis_static_values)
 
     @staticmethod
     def from_payload(payload: Mapping[str, object], *, unknown_keys: Literal["reject", "ignore"] = "reject") -> "KernelPlan":

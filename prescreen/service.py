@@ -15,7 +15,7 @@ from typing import Any
 from prescreen.budget import Budget
 from prescreen.decision import Decision, decide_with, is_observed_oom, try_representatives
 from prescreen.errors import NotBounded, Reason
-from prescreen.key import build_key
+from prescreen.key import KeyParts, build_key
 from prescreen.plan import KernelPlan
 from prescreen.representatives import Representatives
 from prescreen.store import writer
@@ -39,16 +39,6 @@ class Counters:
     observed_oom: int = 0  # guarded benchmarks that ran out of memory and were redone with the fallback
     seconds: float = 0.0  # wall time spent inside lookup_or_decide
 
-    def count(self, decision: Decision) -> None:
-        if decision.tune:
-            self.tuned += 1
-        else:
-            self.fell_back += 1
-        if not decision.bounded:
-            self.not_bounded += 1
-        if decision.estimated_bytes is not None:
-            self.largest_estimate = max(self.largest_estimate, decision.estimated_bytes)
-
 
 class _LiveCounters(Counters):
     """``COUNTERS``: a lookup answered from a plan object's memory only ticks its ``_Hit``'s counter
@@ -70,6 +60,19 @@ _FOLDED = frozenset({"lookups", "hits", "memo_hits", "tuned", "fell_back", "not_
 _lock = threading.RLock()  # reentrant: a fold can run inside a counting block
 _unfolded = False  # set after a tick, cleared by the fold that adds it in
 COUNTERS: Counters = _LiveCounters()
+#: ``COUNTERS``' own fields, written past its fold hooks (under ``_lock``) where a store hit is counted: the
+#: ticks a fold adds are sums, so it may come after.
+_RAW_COUNTS: dict[str, Any] = object.__getattribute__(COUNTERS, "__dict__")
+
+
+def _book(decision: Decision, counts: dict[str, Any]) -> None:
+    """Count ``decision``'s verdict and estimate into ``counts`` (``_RAW_COUNTS``; hold ``_lock``)."""
+    counts["tuned" if decision.action == "tune" else "fell_back"] += 1
+    if not decision.bounded:
+        counts["not_bounded"] += 1
+    estimate = decision.estimated_bytes
+    if estimate is not None and estimate > counts["largest_estimate"]:
+        counts["largest_estimate"] = estimate
 
 #: Callbacks told of every lookup (``prescreen warm`` collects its report this way).
 OBSERVERS: list[Callable[["Outcome", KernelPlan], None]] = []
@@ -263,10 +266,11 @@ def lookup_or_decide(
             _unfolded = True
             return _observed(hit.outcome, plan) if OBSERVERS else hit.outcome
     start = time.perf_counter()
+    key, parts = build_key(plan, budget)
     memo = None if store is None else _memos.get(id(store))
     if store is not None and memo is not None and memo.store() is store:
         token = memo.token
-        found = memo.outcomes.get(build_key(plan, budget)[0])
+        found = memo.outcomes.get(key)
         if found is not None:
             with _lock:
                 if memo.token is token:
@@ -280,19 +284,18 @@ def lookup_or_decide(
                 COUNTERS.seconds += time.perf_counter() - start
             return outcome
     try:
-        return _lookup_or_decide(plan, budget, store, write, wait)
+        return _lookup_or_decide(plan, budget, store, write, wait, key, parts)
     finally:
         elapsed = time.perf_counter() - start
         with _lock:
-            COUNTERS.seconds += elapsed
+            _RAW_COUNTS["seconds"] += elapsed
 
 
-def _lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, write: bool, wait: bool) -> Outcome:
+def _lookup_or_decide(
+    plan: KernelPlan, budget: Budget, store: Store | None, write: bool, wait: bool, key: str, parts: KeyParts
+) -> Outcome:
     # A computed decision is only ever *added* (``Store.put`` keeps a valid entry already
     # there), so a stored observed_oom fallback is never overwritten by a computed tune.
-    key, parts = build_key(plan, budget)
-    with _lock:
-        COUNTERS.lookups += 1
     if store is not None:
         entry = store.lookup(key)
         if entry is not None and entry.dynamic != plan.is_dynamic:
@@ -300,12 +303,15 @@ def _lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, wri
             store.warn_once("invalid entry", f"key {key[:12]}: dynamic flag does not match the plan")
             entry = None
         if entry is not None:
-            _remember(store, key, entry)
+            outcome = Outcome(key, entry.decision, True, entry)
             with _lock:
-                COUNTERS.hits += 1
-                COUNTERS.count(entry.decision)
-            return _observed(Outcome(key, entry.decision, True, entry), plan)
+                _remember(store, key, entry)
+                _RAW_COUNTS["lookups"] += 1
+                _RAW_COUNTS["hits"] += 1
+                _book(outcome.decision, _RAW_COUNTS)
+            return _observed(outcome, plan) if OBSERVERS else outcome
     with _lock:
+        COUNTERS.lookups += 1
         COUNTERS.estimator_calls += 1
     reps = try_representatives(plan)
     decision = decide_with(plan, reps, budget)
@@ -318,7 +324,7 @@ def _lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, wri
         else:
             writer.submit(store, entry, lambda stored: _written(store, key, stored))
     with _lock:
-        COUNTERS.count(decision)
+        _book(decision, _RAW_COUNTS)
     return _observed(Outcome(key, decision, False, entry), plan)
 
 

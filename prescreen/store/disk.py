@@ -363,10 +363,20 @@ class DiskStore(Store):
                 self._close_handles()
                 self._open()
 
+    def _read_handle(self) -> FastOpenCache | ReadOnlyCache | None:
+        """What a read goes to (``_follow_moves`` first): the open cache, the read-only one, or None (paused)."""
+        now = time.monotonic()
+        if now - self._moves_checked_at >= MOVE_CHECK_SECONDS:
+            self._follow_moves(False)
+        elif now >= self._reads_paused_until:
+            cache = self._hits.cache
+            if cache is not None:  # the common case, without ``_handle``'s steps
+                return cache
+        return self._handle(False)
+
     def _run(self, write: bool, op: Callable[[FastOpenCache | ReadOnlyCache], T], default: T) -> T:
         if not write:
-            self._follow_moves(False)
-            handle = self._handle(False)
+            handle = self._read_handle()
             if handle is None:
                 return default
             try:
@@ -426,7 +436,14 @@ class DiskStore(Store):
     # -- the Store interface ----------------------------------------------------
 
     def _read(self, key: str) -> object:
-        raw = self._run(False, lambda c: c.get_text(key), None)
+        handle = self._read_handle()  # ``_run``'s read, without its callback: a lookup's, inside a compile
+        if handle is None:
+            return None
+        try:
+            raw = handle.get_text(key)
+        except Exception as exc:  # a store fault is never the compile's problem
+            self._fault(exc, False)
+            return None
         if isinstance(raw, Missing):
             self._drop_missing(key, raw.filename)
         return raw
@@ -455,7 +472,7 @@ class DiskStore(Store):
 
     def _hit(self, key: str, later: bool) -> tuple[Entry | None, int]:
         """The valid entry under ``key`` (its hit buffered, see ``_count_hit``) and its hits not yet written."""
-        entry = self._decode(key, self._read(key), lazy=later)  # a lookup decodes what a hit needs
+        entry = self.decode(key, self._read(key), lazy=later)  # a lookup decodes what a hit needs
         if entry is None:
             self.misses += 1
             return None, 0
