@@ -339,8 +339,8 @@ def writer_cpu_seconds() -> float:
 
 
 def trace_lookups() -> None:
-    """With ``--trace-lookups``: one line per lookup that reads the store or decides (plan, groups, hit, ms),
-    with the garbage collector's time inside it and the threads alive (others may hold the GIL)."""
+    """With ``--trace-lookups``: one line per lookup that reads the store or decides (plan, groups, hit, ms
+    past the key), with the garbage collector's time inside it and the threads alive (others may hold the GIL)."""
     import gc
     import threading
 
@@ -357,9 +357,9 @@ def trace_lookups() -> None:
 
     gc.callbacks.append(on_gc)
 
-    def traced(plan: Any, budget: Any, store: Any, write: bool, wait: bool) -> Any:
+    def traced(plan: Any, *rest: Any) -> Any:
         start, gc_before = time.perf_counter(), collected["seconds"]
-        out = inner(plan, budget, store, write, wait)
+        out = inner(plan, *rest)
         elapsed = time.perf_counter() - start
         groups = 1
         for feature in plan.group_features:

@@ -1,0 +1,37 @@
+"""The GPU bench's lookup tracer (``bench/gpu_coverage.py --trace-lookups``) on this machine.
+
+It wraps a private function of the service; a change of that function's signature made
+every guarded lookup of a device run fail (caught, so the compile benchmarked as upstream
+would, and the run measured nothing). This runs the wrapper where CI can.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from prescreen import service
+from prescreen.budget import Budget
+from prescreen.store import DiskStore
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+
+def test_traced_lookups_still_decide(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # gpu_coverage sets one on import
+    import bench_cold_lookup
+    import gpu_coverage
+
+    monkeypatch.setattr(service, "_lookup_or_decide", service._lookup_or_decide)  # put back afterwards
+    gpu_coverage.trace_lookups()
+    budget = Budget("cuda", 140 * 2**30, 0.9)
+    with DiskStore(tmp_path) as store:
+        first = service.lookup_or_decide(bench_cold_lookup.runtime_plan(1), budget, store)
+        service.forget(store)
+        again = service.lookup_or_decide(bench_cold_lookup.runtime_plan(1), budget, store)
+    assert (first.hit, again.hit, first.decision.tune) == (False, True, True)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  lookup autotune:")]
+    assert [" hit False " in lines[0], " hit True " in lines[1]] == [True, True]
