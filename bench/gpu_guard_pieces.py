@@ -38,7 +38,7 @@ PIECES: dict[ModuleType, tuple[str, ...]] = {
                        "_benchmark_plan", "_fusion_kernels", "plan_for_selection", "flush_buffer_bytes",
                        "concrete_tensor_arg", "lookup_or_decide"),
     triton_autotune: ("plan_for_autotuner", "_device_of", "_named_args", "_peak_headroom", "_allocated_bytes_stats",
-                      "_device_clones", "lookup_or_decide"),
+                      "_device_clones", "lookup_or_decide", "clone_bound", "screens_without_store"),
     state: ("budget_for", "get_store", "log_once"),
     service: ("build_key", "try_representatives", "decide_with", "_remember"),
     key: ("canonical_texts", "plan_hashes", "_new_key"),

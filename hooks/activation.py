@@ -40,7 +40,7 @@ def summary_line() -> str:
 
     c = state.counters()
     return (f"prescreen: {c.lookups} lookups, {c.hits} store hits, {c.estimator_calls} computed, "
-            f"{c.fell_back} fallbacks, {c.seconds * 1000:.1f} ms in prescreen")
+            f"{c.fell_back} fallbacks, {c.screened} runtime steps screened, {c.seconds * 1000:.1f} ms in prescreen")
 
 
 def _log_summary() -> None:
@@ -106,8 +106,10 @@ def install(
             from prescreen.key import library_versions
             from prescreen.store import writer
 
-            if state.get_store() is not None:  # opened here, not inside the first compile
+            store = state.get_store()
+            if store is not None:  # opened here, not inside the first compile
                 writer.start()  # and the thread that makes its writes started
+                store.observed_oom_free()  # and scanned for observed OOMs (``prescreen.store.observed``)
             library_versions()  # read here too: every key holds them (a few files' headers, once)
 
 

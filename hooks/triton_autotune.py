@@ -12,7 +12,10 @@ of the call; the key is the kernel's plan and sizes.
 
 Over budget the first config is taken without benchmarking (upstream's
 smallest safe choice: what runs when autotuning is off); the decision is
-stored like every other. An out-of-memory error inside the benchmark is
+stored like every other. A step whose plan is bound to fit (``clone_bound``:
+every mutated arg cloned) is not looked up at all where the store is known to
+hold no observed OOM (``prescreen.service.screens_without_store``): its
+decision is a sum, and only such a fact could stand against it. An out-of-memory error inside the benchmark is
 caught, the step's clones released, the first config taken, and the fact
 stored as an ``observed_oom`` fallback under the same key.
 """
@@ -28,7 +31,7 @@ from typing import Any
 from prescreen.expr import Const
 from prescreen.hooks import oom, state
 from prescreen.plan import KernelPlan, TensorArg, WorkspaceArg
-from prescreen.service import lookup_or_decide
+from prescreen.service import lookup_or_decide, screens_without_store
 
 log = logging.getLogger("prescreen.hooks")
 
@@ -167,6 +170,23 @@ def _device_clones(autotuner: Any, named: list[tuple[str, Any]], device: Any, fl
     return always + [(n, v) for n, v, _size in best]
 
 
+def clone_bound(autotuner: Any, named: list[tuple[str, Any]], device: Any) -> int:
+    """At least the estimate of ``plan_for_autotuner``'s plan, without building it or reading the allocator:
+    a clone of every mutated tensor arg (the headroom rule clones some of these), the flush buffer and
+    the slack. Equal to the estimate where every one is cloned."""
+    import torch
+
+    from prescreen.hooks.select_algorithm import GPU_SLACK_BYTES, flush_buffer_bytes
+
+    mutated = getattr(autotuner, "mutated_arg_names", ()) or ()
+    flush = flush_buffer_bytes(device)
+    total = flush + GPU_SLACK_BYTES if flush else 0
+    for name, value in named:
+        if name in mutated and isinstance(value, torch.Tensor):
+            total += _clone_bytes(value)
+    return total
+
+
 def plan_for_autotuner(
     autotuner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], named: list[tuple[str, Any]] | None = None,
     device: Any = None,
@@ -189,9 +209,14 @@ def plan_for_autotuner(
         dev = str(device)
         plan_args.append(WorkspaceArg("benchmark.cache_flush", Const(flush), "torch.uint8", dev, "NONE"))
         plan_args.append(WorkspaceArg("benchmark.slack", Const(GPU_SLACK_BYTES), "torch.uint8", dev, "NONE"))
-    kernel = getattr(autotuner.fn, "__name__", None) or str(getattr(autotuner, "inductor_meta", {}).get("kernel_name"))
     return KernelPlan(group_features=(), axis_names=(), axis_static_values=(), args=tuple(plan_args),
-                      kernel_name=f"autotune:{kernel}")
+                      kernel_name=_kernel_name(autotuner))
+
+
+def _kernel_name(autotuner: Any) -> str:
+    """A runtime step's plan's kernel name: ``autotune:`` and the Triton kernel's."""
+    kernel = getattr(autotuner.fn, "__name__", None) or str(getattr(autotuner, "inductor_meta", {}).get("kernel_name"))
+    return f"autotune:{kernel}"
 
 
 def _first_config(autotuner: Any) -> dict[Any, float]:
@@ -210,43 +235,61 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def guarded_benchmark_all_configs(self: Any, *args: Any, **kwargs: Any) -> Any:
         plan: KernelPlan | None = None
+        screened = False
         device: Any = None
+        named: list[tuple[str, Any]] = []
         try:
             if len(getattr(self, "launchers", ())) > 1:
                 named = _named_args(self, args, kwargs)
                 device = _device_of(named)
                 if getattr(device, "type", "cpu") not in ("cpu", "meta"):
-                    plan = plan_for_autotuner(self, args, kwargs, named, device)
-                    outcome = lookup_or_decide(plan, state.budget_for(device), state.get_store(), wait=False)
-                    if not outcome.decision.tune:
-                        state.log_once(outcome.key, logging.WARNING,
-                                       "prescreen: skipping runtime autotuning of %s (%d configs), using %s: %s "
-                                       "[key %s, %s]", plan.kernel_name, len(self.launchers),
-                                       _describe_config(self), outcome.decision.reason, outcome.key[:12],
-                                       "store hit" if outcome.hit else "computed")
-                        return _first_config(self)
+                    budget, store = state.budget_for(device), state.get_store()
+                    # tunes whatever the store holds: benchmarked below, its plan built only on an OOM
+                    screened = screens_without_store(clone_bound(self, named, device), budget, store)
+                    if not screened:
+                        plan = plan_for_autotuner(self, args, kwargs, named, device)
+                        outcome = lookup_or_decide(plan, budget, store, wait=False)
+                        if not outcome.decision.tune:
+                            state.log_once(outcome.key, logging.WARNING,
+                                           "prescreen: skipping runtime autotuning of %s (%d configs), using %s: "
+                                           "%s [key %s, %s]", plan.kernel_name, len(self.launchers),
+                                           _describe_config(self), outcome.decision.reason, outcome.key[:12],
+                                           "store hit" if outcome.hit else "computed")
+                            return _first_config(self)
         except Exception as exc:  # never break a compile
             state.log_once(f"autotune-error:{type(exc).__name__}", logging.WARNING,
                            "prescreen: runtime-autotune guard failed (%r); benchmarking as upstream would", exc)
-            plan = None
-        if plan is None:
-            return original(self, *args, **kwargs)
-        try:
-            return original(self, *args, **kwargs)
-        except Exception as exc:
-            if not oom.is_oom(exc):
-                raise
-            info = oom.info(exc, device)
-        oom.release(device)
-        try:
-            self.reset_to_zero_args(*args, **kwargs)  # where upstream leaves the args after benchmarking
-        except Exception:
-            pass
-        oom.record(lambda: [plan], device, info, f"runtime autotuning of {plan.kernel_name}", _describe_config(self))
-        return _first_config(self)
+            plan, screened = None, False
+        if plan is not None:
+            planned = plan
+            return _benchmark(original, self, args, kwargs, device, lambda: planned)
+        if screened:
+            return _benchmark(original, self, args, kwargs, device,
+                              lambda: plan_for_autotuner(self, args, kwargs, named, device))
+        return original(self, *args, **kwargs)
 
     setattr(guarded_benchmark_all_configs, _ORIGINAL_ATTR, original)
     return guarded_benchmark_all_configs
+
+
+def _benchmark(original: Callable[..., Any], autotuner: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+               device: Any, plan_of: Callable[[], KernelPlan]) -> Any:
+    """Upstream's benchmark; on an out-of-memory error, the first config, and the fact stored under the
+    step's plan (``plan_of``: built then where the step was screened without one)."""
+    try:
+        return original(autotuner, *args, **kwargs)
+    except Exception as exc:
+        if not oom.is_oom(exc):
+            raise
+        info = oom.info(exc, device)
+    oom.release(device)
+    try:
+        autotuner.reset_to_zero_args(*args, **kwargs)  # where upstream leaves the args after benchmarking
+    except Exception:
+        pass
+    oom.record(lambda: [plan_of()], device, info, f"runtime autotuning of {_kernel_name(autotuner)}",
+               _describe_config(autotuner))
+    return _first_config(autotuner)
 
 
 def patch() -> bool:

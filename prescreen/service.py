@@ -37,6 +37,7 @@ class Counters:
     not_bounded: int = 0
     largest_estimate: int = 0
     observed_oom: int = 0  # guarded benchmarks that ran out of memory and were redone with the fallback
+    screened: int = 0  # concrete steps that fit, tuned without the store (``screens_without_store``)
     seconds: float = 0.0  # wall time spent inside lookup_or_decide
 
 
@@ -326,6 +327,24 @@ def _lookup_or_decide(
     with _lock:
         _book(decision, _RAW_COUNTS)
     return _observed(Outcome(key, decision, False, entry), plan)
+
+
+def screens_without_store(bound: int, budget: Budget, store: Store | None) -> bool:
+    """Whether a concrete step (no axes, no features: its estimate a sum, at most ``bound``) tunes whatever
+    ``store`` holds, so its key, read and decision can be skipped; counted in ``COUNTERS.screened``.
+
+    It does where it fits ``budget`` and ``store`` is known to hold no observed-OOM entry: any other
+    entry under its key is the decision computed here, or invalid (a miss, then that decision). Not while
+    an observer wants every lookup (``prescreen warm`` records them), nor once this process saw a
+    guarded benchmark run out of memory.
+    """
+    if OBSERVERS or store is None or not budget.admits(bound) or _RAW_COUNTS["observed_oom"]:
+        return False
+    if not store.observed_oom_free():
+        return False
+    with _lock:
+        _RAW_COUNTS["screened"] += 1
+    return True
 
 
 def _written(store: Store, key: str, stored: bool) -> None:

@@ -111,6 +111,11 @@ class Store(abc.ABC):
         """
         return self.get(key)
 
+    def observed_oom_free(self) -> bool:
+        """True only where this store is known to hold no observed-OOM entry (the disk store can say so,
+        ``prescreen.store.observed``); False, the safe answer, everywhere else."""
+        return False
+
     @abc.abstractmethod
     def put(self, entry: Entry) -> bool:
         """Store ``entry`` unless a valid one is there already; False when it could not."""

@@ -38,8 +38,9 @@ from typing import IO, TypeVar
 from diskcache.core import DBNAME
 
 from prescreen.budget import parse_memory
+from prescreen.decision import is_observed_oom
 from prescreen.errors import ConfigError
-from prescreen.store import writer
+from prescreen.store import observed, writer
 from prescreen.store.base import Store, StoreStats, log
 from prescreen.store.entry import Entry
 from prescreen.store.faults import Fault, classify
@@ -217,6 +218,8 @@ class DiskStore(Store):
         self._lock = threading.RLock()
         self._lock_file: IO[str] | None = None
         self._db_id: tuple[int, int] | None = None
+        self._oom_scanned: tuple[tuple[int, int] | None, bool] | None = None  # (database scanned, clean)
+        self._oom_marker = observed.marker_path(self.directory)
         self._moves_checked_at = time.monotonic()
         weakref.finalize(self, self._hits.final_flush)  # on collection, or at exit if still alive
         self._open()
@@ -470,6 +473,17 @@ class DiskStore(Store):
     def lookup(self, key: str) -> Entry | None:
         return self._hit(key, later=True)[0]
 
+    def observed_oom_free(self) -> bool:
+        """True when this store holds no observed-OOM entry (``prescreen.store.observed``): the open database
+        was scanned clean (once per database file, on the first call) and no marker has appeared since."""
+        scanned = self._oom_scanned
+        db_id = self._db_id
+        if scanned is None or scanned[0] != db_id:
+            clean = db_id is not None and self._run(
+                False, lambda c: isinstance(c, FastOpenCache) and observed.scan(c, self.directory), False)
+            scanned = self._oom_scanned = (db_id, clean)
+        return scanned[1] and not os.path.lexists(self._oom_marker)
+
     def _hit(self, key: str, later: bool) -> tuple[Entry | None, int]:
         """The valid entry under ``key`` (its hit buffered, see ``_count_hit``) and its hits not yet written."""
         entry = self.decode(key, self._read(key), lazy=later)  # a lookup decodes what a hit needs
@@ -521,9 +535,12 @@ class DiskStore(Store):
 
     def put(self, entry: Entry) -> bool:
         text = entry.with_hits(0).to_json(self.signer)
+        fact = is_observed_oom(entry.decision)
 
         def add(cache: FastOpenCache | ReadOnlyCache) -> bool:
             assert isinstance(cache, FastOpenCache)
+            if fact:
+                observed.mark(self.directory)  # before the entry (see ``observed``)
             if cache.add(entry.key, text):
                 return True
             with cache.transact():

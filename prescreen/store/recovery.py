@@ -30,6 +30,8 @@ from typing import IO
 import diskcache
 from diskcache.core import DBNAME
 
+from prescreen.decision import is_observed_oom
+from prescreen.store import observed
 from prescreen.store.entry import Entry, InvalidEntry
 from prescreen.store.secure import create_private_file, value_file
 from prescreen.store.signing import Signer
@@ -200,12 +202,14 @@ def _value_files(directory: Path) -> Iterator[Path]:
             yield from sorted(sub.glob("*/*.val"))
 
 
-def _restore(cache: diskcache.Cache, text: str, signer: Signer | None) -> bool | None:
+def _restore(cache: diskcache.Cache, directory: Path, text: str, signer: Signer | None) -> bool | None:
     """True: re-added (the stored text as it was, signature and all); False: one already there; None: invalid."""
     try:
         entry = Entry.from_json(text, signer=signer)
     except InvalidEntry:
         return None
+    if is_observed_oom(entry.decision):
+        observed.mark(directory)  # before the entry (see ``observed``)
     return bool(cache.add(entry.key, text))
 
 
@@ -227,7 +231,7 @@ def salvage(cache: diskcache.Cache, directory: Path, signer: Signer | None = Non
         if not _SUFFIX.fullmatch(moved.name[len(MOVED_PREFIX) :]):
             continue  # a -wal/-shm companion
         for text, _filename in _rows(moved, disk):
-            restored += _restore(cache, text, signer) is True
+            restored += _restore(cache, directory, text, signer) is True
         done = MOVED_PREFIX.replace(".corrupt-", ".salvaged-") + moved.name[len(MOVED_PREFIX) :]
         for companion in ("-wal", "-shm", ""):
             with contextlib.suppress(FileNotFoundError):
@@ -242,7 +246,7 @@ def salvage(cache: diskcache.Cache, directory: Path, signer: Signer | None = Non
         except OSError:
             continue
         if isinstance(found, str):
-            restored += _restore(cache, found, signer) is True  # re-added under a file of its own
+            restored += _restore(cache, directory, found, signer) is True  # re-added under a file of its own
         with contextlib.suppress(OSError):
             path.unlink()
     with contextlib.suppress(FileNotFoundError):
