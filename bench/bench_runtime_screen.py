@@ -10,7 +10,8 @@ Two stores are timed in one run, interleaved sample by sample:
 * **looked up**: the store carries the ``observed-oom`` marker, so every step builds its
   plan (the headroom rule included), its key, and reads and decodes its entry, a hit.
 
-Cold: the CPU caches are evicted before each sample (``bench_cold_lookup.evict``).
+Hot: right after another step on the same store; cold: after evicting the CPU caches
+(``bench_cold_lookup.evict``), as between two steps of a compile.
 
 Run: ``python bench/bench_runtime_screen.py [--samples 400]``.
 """
@@ -83,6 +84,8 @@ def main() -> None:
         for name, store in stores.items():
             state.configure(store=store)
             for mode in ("hot", "cold"):
+                if mode == "hot":  # right after a step of its own, as a compile's second runtime step in a row
+                    guarded(Tuner(), xs[(i + 1) % STEPS], y, 1000 + (i + 1) % STEPS)
                 forget_plan_hashes()
                 forget(store)
                 tuner = Tuner()
