@@ -106,10 +106,8 @@ def install(
             from prescreen.key import library_versions
             from prescreen.store import writer
 
-            store = state.get_store()
-            if store is not None:  # opened here, not inside the first compile
+            if state.get_store() is not None:  # opened here, not inside the first compile
                 writer.start()  # and the thread that makes its writes started
-                store.observed_oom_free()  # and scanned for observed OOMs (``prescreen.store.observed``)
             library_versions()  # read here too: every key holds them (a few files' headers, once)
 
 

@@ -86,7 +86,8 @@ def reset() -> None:
 
 
 def get_store() -> Store | None:
-    """The store the hooks use; opened once from the environment. None if it cannot be opened."""
+    """The store the hooks use; opened once from the environment (its scan for observed OOMs started in the
+    background). None if it cannot be opened."""
     global _store, _store_opened, _store_owned
     with _lock:
         if not _store_opened:
@@ -95,6 +96,7 @@ def get_store() -> Store | None:
                 from prescreen.store import open_store
 
                 _store, _store_owned = open_store(), True
+                _store.start_observed_oom_scan()  # on the background writer (``prescreen.store.observed``)
             except Exception as exc:  # a broken store never breaks a compile
                 log.warning("prescreen: decision store unavailable (%s); deciding without a store", exc)
                 _store = None

@@ -132,3 +132,50 @@ def test_a_plain_diskcache_directory_with_no_prescreen_entries_is_clean(tmp_path
     diskcache.Cache(str(tmp_path)).close()
     with DiskStore(tmp_path) as store:
         assert store.observed_oom_free()
+
+
+def test_the_scan_can_run_in_the_background(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``install()`` queues it on the writer: until it is done every step is looked up; then it is not made again."""
+    from prescreen.store import writer
+
+    scans: list[object] = []
+    real = observed.scan
+    monkeypatch.setattr(observed, "scan", lambda cache, directory: scans.append(directory) or real(cache, directory))
+    with DiskStore(tmp_path) as store:
+        store._oom_scan_queued = True  # as right after ``start_observed_oom_scan``
+        assert not store.observed_oom_free() and scans == []
+        store._oom_scan_queued = False
+        store.start_observed_oom_scan()
+        assert writer.flush(store, 10)
+        assert store.observed_oom_free() and store.observed_oom_free()
+        assert scans == [tmp_path]
+
+
+@pytest.mark.parametrize("min_file_size", [2**15, 1])  # in the row, in a value file
+def test_only_a_values_start_is_scanned(tmp_path: Path, min_file_size: int) -> None:
+    """A servable fact's reason is in its first few hundred bytes; the bytes past ``HEAD_BYTES`` are not read."""
+    late = make_entry(1).to_json() + " " * observed.HEAD_BYTES + observed.NEEDLE  # not a reason: no lookup serves it
+    with DiskStore(tmp_path, min_file_size=min_file_size) as store:
+        assert store._cache is not None
+        store._cache.set("a" * 64, late)
+        assert store.observed_oom_free()
+    with DiskStore(tmp_path, min_file_size=min_file_size) as store:
+        assert store._cache is not None
+        store._cache.set("b" * 64, observed.NEEDLE + late)
+        assert not store.observed_oom_free()
+
+
+def test_the_hooks_store_is_scanned_in_the_background(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store the hooks open from the environment starts its scan on the writer: not inside a compile."""
+    from prescreen.hooks import state
+    from prescreen.store import writer
+
+    monkeypatch.setenv("PRESCREEN_CACHE_DIR", str(tmp_path))
+    state.reset()
+    try:
+        store = state.get_store()
+        assert isinstance(store, DiskStore)
+        assert writer.flush(store, 10)
+        assert store._oom_scanned is not None and store._oom_scanned[1]  # scanned there, clean
+    finally:
+        state.reset()

@@ -116,6 +116,10 @@ class Store(abc.ABC):
         ``prescreen.store.observed``); False, the safe answer, everywhere else."""
         return False
 
+    def start_observed_oom_scan(self) -> None:
+        """Start finding out whether the store holds an observed-OOM entry, in the background (the disk
+        store's scan; nothing elsewhere)."""
+
     @abc.abstractmethod
     def put(self, entry: Entry) -> bool:
         """Store ``entry`` unless a valid one is there already; False when it could not."""

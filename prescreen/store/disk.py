@@ -219,6 +219,7 @@ class DiskStore(Store):
         self._lock_file: IO[str] | None = None
         self._db_id: tuple[int, int] | None = None
         self._oom_scanned: tuple[tuple[int, int] | None, bool] | None = None  # (database scanned, clean)
+        self._oom_scan_queued = False
         self._oom_marker = observed.marker_path(self.directory)
         self._moves_checked_at = time.monotonic()
         weakref.finalize(self, self._hits.final_flush)  # on collection, or at exit if still alive
@@ -475,14 +476,34 @@ class DiskStore(Store):
 
     def observed_oom_free(self) -> bool:
         """True when this store holds no observed-OOM entry (``prescreen.store.observed``): the open database
-        was scanned clean (once per database file, on the first call) and no marker has appeared since."""
+        was scanned clean (once per database file: here, unless the background scan is on it) and no marker
+        has appeared since."""
         scanned = self._oom_scanned
-        db_id = self._db_id
-        if scanned is None or scanned[0] != db_id:
-            clean = db_id is not None and self._run(
-                False, lambda c: isinstance(c, FastOpenCache) and observed.scan(c, self.directory), False)
-            scanned = self._oom_scanned = (db_id, clean)
+        if scanned is None or scanned[0] != self._db_id:
+            if self._oom_scan_queued:
+                return False  # until the background scan is done, every step is looked up
+            scanned = self._scan_observed_oom()
         return scanned[1] and not os.path.lexists(self._oom_marker)
+
+    def start_observed_oom_scan(self) -> None:
+        """Scan on the background writer (the hooks do, opening their store): about 10 ms per 1,000 entries,
+        not paid inside a compile."""
+        self._oom_scan_queued = True
+
+        def scan() -> None:
+            try:
+                self._scan_observed_oom()
+            finally:
+                self._oom_scan_queued = False
+
+        writer.call(self, scan)
+
+    def _scan_observed_oom(self) -> tuple[tuple[int, int] | None, bool]:
+        db_id = self._db_id
+        clean = db_id is not None and self._run(
+            False, lambda c: isinstance(c, FastOpenCache) and observed.scan(c, self.directory), False)
+        self._oom_scanned = (db_id, clean)
+        return self._oom_scanned
 
     def _hit(self, key: str, later: bool) -> tuple[Entry | None, int]:
         """The valid entry under ``key`` (its hit buffered, see ``_count_hit``) and its hits not yet written."""
