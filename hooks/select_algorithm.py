@@ -135,6 +135,7 @@ class _Converter:
     """
 
     def __init__(self, sizevars: Any) -> None:
+        self.sizevars = sizevars
         self.hint = _hint_fns(sizevars)
         self.shape_env = getattr(sizevars, "shape_env", None)
         self.scheme = families.active_scheme()
@@ -538,27 +539,45 @@ def _relabeled(tensor: list[TensorArg | WorkspaceArg], label: str) -> list[Tenso
 
 #: scheduler -> (kernel name, its argument buffers, mutated, in place, device) -> the plan built for them
 _fusion_plans: "weakref.WeakKeyDictionary[Any, dict[tuple[object, ...], KernelPlan]]" = weakref.WeakKeyDictionary()
-#: scheduler -> buffer name -> its argument converted, where no symbol went into it (see ``_static_or_converted``)
-_static_tensors: "weakref.WeakKeyDictionary[Any, dict[str, list[TensorArg | WorkspaceArg]]]" = (
-    weakref.WeakKeyDictionary())
 
 
-def _static_or_converted(
-    conv: _Converter, static: dict[str, list[TensorArg | WorkspaceArg]], label: str, name: str
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Converted:
+    """One buffer's arguments as a converter of its own made them, and what that converter recorded: the
+    shape family of each symbol met (``statics``), their labels, and how many symbols it met."""
+
+    args: list[TensorArg | WorkspaceArg]
+    statics: dict[str, int]
+    labels: dict[str, str]
+    symbol_uses: int
+
+
+#: scheduler -> (buffer name, bucketing scheme) -> the buffer converted (see ``_shared_or_converted``)
+_converted: "weakref.WeakKeyDictionary[Any, dict[tuple[str, object], _Converted]]" = weakref.WeakKeyDictionary()
+
+
+def _shared_or_converted(
+    conv: _Converter, shared: dict[tuple[str, object], _Converted], label: str, name: str
 ) -> list[TensorArg | WorkspaceArg]:
-    """``_graph_tensor(conv, label, name)``; a buffer whose sizes, strides and offset hold no symbol is converted
-    once per scheduler (its layout is fixed by then) and reused by the plans of every kernel that takes it.
+    """``_graph_tensor(conv, label, name)``, converted once per scheduler (a buffer's layout is fixed by then)
+    and reused by the plans of every kernel that takes it.
 
-    A symbolic buffer is converted by each plan's own converter: that is what records its symbols'
-    shape families among the plan's axes.
+    A converter's result for a buffer depends on the buffer and the bucketing scheme alone (each symbol's
+    family is read off the graph's facts), so the buffer is converted by a converter of its own, and the
+    symbols it met are recorded in ``conv`` as if ``conv`` had converted it: they are that plan's axes.
     """
-    found = static.get(name)
-    if found is not None:
-        return _relabeled(found, label)
-    uses = conv.symbol_uses
-    tensor = _graph_tensor(conv, label, name)
-    if conv.symbol_uses == uses:
-        static[name] = tensor
+    found = shared.get((name, conv.scheme))
+    if found is None:
+        own = _Converter(conv.sizevars)
+        own.scheme = conv.scheme
+        args = _graph_tensor(own, label, name)
+        found = shared[(name, conv.scheme)] = _Converted(args, own.statics, own.labels, own.symbol_uses)
+        tensor = args
+    else:
+        tensor = _relabeled(found.args, label)
+    conv.statics.update(found.statics)
+    conv.labels.update(found.labels)
+    conv.symbol_uses += found.symbol_uses
     return tensor
 
 
@@ -581,7 +600,7 @@ def plans_for_fusion(scheduler: Any, node1: Any, node2: Any) -> list[KernelPlan]
     from torch._inductor.virtualized import V
 
     built: dict[tuple[object, ...], KernelPlan] = state.kept(_fusion_plans, scheduler, {})
-    static: dict[str, list[TensorArg | WorkspaceArg]] = state.kept(_static_tensors, scheduler, {})
+    shared: dict[tuple[str, object], _Converted] = state.kept(_converted, scheduler, {})
     device = _fusion_device(node1)
     plans: list[KernelPlan] = []
     for kernel_name, nodes in _fusion_kernels(node1, node2):
@@ -592,7 +611,7 @@ def plans_for_fusion(scheduler: Any, node1: Any, node2: Any) -> list[KernelPlan]
             conv = _Converter(V.graph.sizevars)
             args: list[TensorArg | WorkspaceArg] = []
             for i, name in enumerate(names):
-                tensor = _static_or_converted(conv, static, f"buf{i}", name)
+                tensor = _shared_or_converted(conv, shared, f"buf{i}", name)
                 args.extend(tensor)
                 if name in mutated:
                     args.extend(_relabeled(tensor, f"buf{i}.clone"))

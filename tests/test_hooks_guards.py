@@ -199,39 +199,46 @@ def test_a_clone_in_a_fusion_plan_equals_its_buffer_converted_anew(monkeypatch: 
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
-def test_a_static_buffer_is_converted_once_per_scheduler_and_a_symbolic_one_per_plan(
+def test_a_buffer_is_converted_once_per_scheduler_and_its_symbols_are_each_plans_axes(
     monkeypatch: pytest.MonkeyPatch, dynamic: bool
 ) -> None:
-    """A buffer without symbols is shared by the plans of one fusion step's kernels (converted once); a
-    symbolic one is converted by each plan, so its shape families are among that plan's axes. Either way
-    the plans equal plans whose every buffer was converted by their own converter."""
+    """Every buffer is converted once per scheduler and shared by the plans of its fusion steps' kernels; a
+    symbolic one's shape families still become the axes of each plan that takes it. The plans equal plans
+    whose every buffer was converted by their own converter."""
     import weakref
 
     from torch._inductor import config as inductor_config
     from torch._inductor import scheduler
 
-    seen: list[tuple[int, bool]] = []
+    seen: list[tuple[int, int, bool]] = []
     original = scheduler.Scheduler.speedup_by_fusion
-    shared_or_converted = sel._static_or_converted
+    shared_or_converted = sel._shared_or_converted
+    conversions: list[str] = []
+    graph_tensor = sel._graph_tensor
 
-    def own(conv: Any, static: Any, label: str, name: str) -> Any:
-        return sel._graph_tensor(conv, label, name)
+    def counted(conv: Any, label: str, name: str) -> Any:
+        conversions.append(name)
+        return graph_tensor(conv, label, name)
+
+    def own(conv: Any, shared: Any, label: str, name: str) -> Any:
+        return graph_tensor(conv, label, name)
 
     def spy(self: Any, node1: Any, node2: Any, *args: Any, **kwargs: Any) -> Any:
+        conversions.clear()
         shared = sel.plans_for_fusion(self, node1, node2)
+        converted = list(conversions)
         kept = sel._fusion_plans
         monkeypatch.setattr(sel, "_fusion_plans", weakref.WeakKeyDictionary())
-        monkeypatch.setattr(sel, "_static_or_converted", own)
+        monkeypatch.setattr(sel, "_shared_or_converted", own)
         alone = sel.plans_for_fusion(self, node1, node2)
-        monkeypatch.setattr(sel, "_static_or_converted", shared_or_converted)
+        monkeypatch.setattr(sel, "_shared_or_converted", shared_or_converted)
         monkeypatch.setattr(sel, "_fusion_plans", kept)
         assert shared == alone
-        static = sel._static_tensors.get(self, {})
-        assert all(isinstance(e, Const) for args in static.values() for a in args
-                   for e in getattr(a, "size", ()) + getattr(a, "stride", ()))
-        seen.append((len(static), any(p.axis_names for p in shared)))
+        assert len(converted) == len(set(converted))  # no buffer twice, whatever plans take it
+        seen.append((len(converted), sum(len(p.args) for p in shared), any(p.axis_names for p in shared)))
         return original(self, node1, node2, *args, **kwargs)
 
+    monkeypatch.setattr(sel, "_graph_tensor", counted)
     monkeypatch.setattr(scheduler.Scheduler, "speedup_by_fusion", spy)
     torch._dynamo.reset()
     x = torch.rand(64, 128) + 1
@@ -239,10 +246,8 @@ def test_a_static_buffer_is_converted_once_per_scheduler_and_a_symbolic_one_per_
         out = torch.compile(lambda t: t / t.sum(1, keepdim=True), backend="inductor", dynamic=dynamic)(x)
     torch.testing.assert_close(out, x / x.sum(1, keepdim=True))
     assert seen
-    if dynamic:
-        assert all(n == 0 and axes for n, axes in seen)  # nothing shared; the symbols are the plans' axes
-    else:
-        assert all(n > 0 and not axes for n, axes in seen)
+    assert all(axes == dynamic for _n, _args, axes in seen)  # the symbols are the plans' axes
+    assert all(n < args for n, args, _axes in seen)  # fewer conversions than the plans' buffer arguments
 
 
 class _OtherScheduler:
@@ -265,12 +270,12 @@ def test_a_schedulers_fusion_plans_are_built_once_and_equal_fresh_ones(monkeypat
         first = sel.plans_for_fusion(self, node1, node2)
         again = sel.plans_for_fusion(self, node1, node2)
         assert all(a is b for a, b in zip(first, again, strict=True))
-        kept = sel._fusion_plans, sel._static_tensors
+        kept = sel._fusion_plans, sel._converted
         monkeypatch.setattr(sel, "_fusion_plans", weakref.WeakKeyDictionary())
-        monkeypatch.setattr(sel, "_static_tensors", weakref.WeakKeyDictionary())
+        monkeypatch.setattr(sel, "_converted", weakref.WeakKeyDictionary())
         fresh = sel.plans_for_fusion(self, node1, node2)
         monkeypatch.setattr(sel, "_fusion_plans", kept[0])
-        monkeypatch.setattr(sel, "_static_tensors", kept[1])
+        monkeypatch.setattr(sel, "_converted", kept[1])
         assert fresh == first and all(a is not b for a, b in zip(first, fresh, strict=True))
         other = _OtherScheduler(self.can_buffer_be_removed_through_fusion)
         theirs = sel.plans_for_fusion(other, node1, node2)
