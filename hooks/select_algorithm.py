@@ -531,7 +531,7 @@ def _graph_tensor(conv: "_Converter", label: str, name: str) -> list[TensorArg |
     return conv.tensor(label, buf, buf.get_layout())
 
 
-def _relabeled(tensor: list[TensorArg | WorkspaceArg], label: str) -> list[TensorArg | WorkspaceArg]:
+def _relabeled(tensor: Sequence[TensorArg | WorkspaceArg], label: str) -> list[TensorArg | WorkspaceArg]:
     """A clone of one ``_graph_tensor`` under ``label``: the same sizes, strides and offset (converted once)."""
     prefix = len(tensor[0].name)
     return [dataclasses.replace(arg, name=label + arg.name[prefix:]) for arg in tensor]
@@ -546,7 +546,7 @@ class _Converted:
     """One buffer's arguments as a converter of its own made them, and what that converter recorded: the
     shape family of each symbol met (``statics``), their labels, and how many symbols it met."""
 
-    args: list[TensorArg | WorkspaceArg]
+    args: tuple[TensorArg | WorkspaceArg, ...]
     statics: dict[str, int]
     labels: dict[str, str]
     symbol_uses: int
@@ -570,9 +570,8 @@ def _shared_or_converted(
     if found is None:
         own = _Converter(conv.sizevars)
         own.scheme = conv.scheme
-        args = _graph_tensor(own, label, name)
-        found = shared[(name, conv.scheme)] = _Converted(args, own.statics, own.labels, own.symbol_uses)
-        tensor = args
+        tensor = _graph_tensor(own, label, name)
+        found = shared[(name, conv.scheme)] = _Converted(tuple(tensor), own.statics, own.labels, own.symbol_uses)
     else:
         tensor = _relabeled(found.args, label)
     conv.statics.update(found.statics)

@@ -15,9 +15,10 @@ smallest safe choice: what runs when autotuning is off); the decision is
 stored like every other. A step whose plan is bound to fit (``clone_bound``:
 every mutated arg cloned) is not looked up at all where the store is known to
 hold no observed OOM (``prescreen.service.screens_without_store``): its
-decision is a sum, and only such a fact could stand against it. An out-of-memory error inside the benchmark is
-caught, the step's clones released, the first config taken, and the fact
-stored as an ``observed_oom`` fallback under the same key.
+decision is a sum, and only such a fact could stand against it. An
+out-of-memory error inside the benchmark is caught, the step's clones
+released, the first config taken, and the fact stored as an ``observed_oom``
+fallback under the step's key.
 """
 
 from __future__ import annotations

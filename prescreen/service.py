@@ -61,8 +61,8 @@ _FOLDED = frozenset({"lookups", "hits", "memo_hits", "tuned", "fell_back", "not_
 _lock = threading.RLock()  # reentrant: a fold can run inside a counting block
 _unfolded = False  # set after a tick, cleared by the fold that adds it in
 COUNTERS: Counters = _LiveCounters()
-#: ``COUNTERS``' own fields, written past its fold hooks (under ``_lock``) where a store hit is counted: the
-#: ticks a fold adds are sums, so it may come after.
+#: ``COUNTERS``' own fields, written past its fold hooks (under ``_lock``) on the lookup paths: the ticks a
+#: fold adds are sums, so it may come after.
 _RAW_COUNTS: dict[str, Any] = object.__getattribute__(COUNTERS, "__dict__")
 
 
@@ -74,6 +74,7 @@ def _book(decision: Decision, counts: dict[str, Any]) -> None:
     estimate = decision.estimated_bytes
     if estimate is not None and estimate > counts["largest_estimate"]:
         counts["largest_estimate"] = estimate
+
 
 #: Callbacks told of every lookup (``prescreen warm`` collects its report this way).
 OBSERVERS: list[Callable[["Outcome", KernelPlan], None]] = []

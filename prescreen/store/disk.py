@@ -72,10 +72,11 @@ DEFAULT_TIMEOUT = 0.5
 DEFAULT_COOLDOWN = 30.0
 HITS_PREFIX = "hits:"
 HIT_FLUSH_SECONDS = 30.0  # hit counts are statistics: written this often (and on close, stats and exit)
-#: SQLite memory-maps no part of the database (diskcache maps 64 MiB): after another connection commits
-#: (this process's background writer, another process), a read through the map cost 2.5x a read into
-#: SQLite's own page cache, cold (``bench/bench_cold_lookup.py``). A per-connection pragma, kept in the
-#: cache's Settings table, so every connection that opens the directory uses it.
+#: SQLite memory-maps no part of the database (diskcache maps 64 MiB): right after another connection
+#: committed (this process's background writer, another process), reading a row not read before through
+#: the map cost 1.3x to 4.9x a read into SQLite's own page cache with the CPU caches cold, 2x to 4x hot
+#: (``bench/bench_cold_lookup.py``). A per-connection pragma, kept in the cache's Settings table, so every
+#: connection that opens the directory uses it.
 SQLITE_MMAP_SIZE = 0
 MOVE_CHECK_SECONDS = 5.0  # how often a reader checks that cache.db is still the file it opened (a stat)
 KEY_ROWS = "SELECT key, filename FROM Cache WHERE raw = 1"

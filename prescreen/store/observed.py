@@ -15,9 +15,9 @@ holds no such entry, a step that fits can skip its key, read and decode
   prescreen, copied in with ``cache.db``, or restored by another process. It looks for
   the bytes ``observed_oom`` in the first ``HEAD_BYTES`` of every value (one query, in
   SQLite, and a read of each value file's start), so it finds every entry a lookup could
-  serve as one. A hostile value that spells the reason with JSON escapes is not found:
-  the step then benchmarks as upstream would, and the guard catches an out-of-memory
-  error.
+  serve as one. A hostile value that hides its reason (JSON escapes, padding before it)
+  is not found: the step then benchmarks as upstream would, and the guard catches an
+  out-of-memory error.
 
 An older prescreen that writes an observed-OOM entry after this process scanned makes
 no marker; this process's runtime steps do not see that entry (every other lookup does).
