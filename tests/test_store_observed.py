@@ -40,9 +40,11 @@ def test_a_put_makes_the_marker_before_the_entry(tmp_path: Path, monkeypatch: py
         seen: list[bool] = []
         add = store._cache.add
         monkeypatch.setattr(store._cache, "add", lambda *a, **k: seen.append(marked(tmp_path)) or add(*a, **k))
+        assert "marker" not in store.stats().detail
         assert store.put(observed_entry(1))
         assert seen == [True]
         assert not store.observed_oom_free()
+        assert "observed-oom marker present" in store.stats().detail  # what ``prescreen stats`` shows
     assert (tmp_path / observed.MARKER).stat().st_mode & 0o777 == 0o600
 
 

@@ -654,6 +654,8 @@ class DiskStore(Store):
             detail = f"size_limit={self.size_limit} timeout={self.timeout:g}s"
         if self.recovered is not None:
             detail += f"; recovered {self.recovered[1]} entries, corrupt file moved to {self.recovered[0]}"
+        if os.path.lexists(self._oom_marker):
+            detail += f"; {observed.MARKER} marker present: every runtime-autotuning step is looked up"
         healthy = self._cache is not None and self._healthy and time.monotonic() >= self._writes_paused_until
         return StoreStats(self.backend, self.location, count, size, self.hits, self.misses, healthy, detail)
 
