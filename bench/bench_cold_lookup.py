@@ -117,12 +117,11 @@ def measure(store: DiskStore, plans: list[KernelPlan], budget: Budget, n: int) -
 
     # Rows no connection has read yet (as a compile's new keys are), one per sample and reader: the rows a
     # read after a commit takes are each read once.
-    fresh_keys = {size: iter([f"bench.fresh.{size}.{i}" for i in range(2 * n)]) for size in (DISKCACHE_MMAP, SQLITE_MMAP_SIZE)}
+    names = {size: [f"bench.fresh.{size}.{i}" for i in range(2 * n)] for size in (DISKCACHE_MMAP, SQLITE_MMAP_SIZE)}
     with cache.transact():
-        for names in list(fresh_keys.values()):
-            for name in list(names):
-                cache.set(name, texts[0])
-    fresh_keys = {size: iter([f"bench.fresh.{size}.{i}" for i in range(2 * n)]) for size in fresh_keys}
+        for name in (name for listed in names.values() for name in listed):
+            cache.set(name, texts[0])
+    fresh_keys = {size: iter(listed) for size, listed in names.items()}
     writer_con = sqlite3.connect(str(store.directory / DBNAME), isolation_level=None)
     readers = {size: sqlite3.connect(str(store.directory / DBNAME), isolation_level=None) for size in fresh_keys}
     for size, con in readers.items():

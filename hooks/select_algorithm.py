@@ -134,11 +134,11 @@ class _Converter:
     symbols (``_grows``), is taken at the hint itself (its plan keys by the hint).
     """
 
-    def __init__(self, sizevars: Any) -> None:
+    def __init__(self, sizevars: Any, scheme: families.Scheme | None = None) -> None:
         self.sizevars = sizevars
         self.hint = _hint_fns(sizevars)
         self.shape_env = getattr(sizevars, "shape_env", None)
-        self.scheme = families.active_scheme()
+        self.scheme = families.active_scheme() if scheme is None else scheme
         self.statics: dict[str, int] = {}
         self.labels: dict[str, str] = {}
         self.facts = _symbol_facts(sizevars)
@@ -568,8 +568,7 @@ def _shared_or_converted(
     """
     found = shared.get((name, conv.scheme))
     if found is None:
-        own = _Converter(conv.sizevars)
-        own.scheme = conv.scheme
+        own = _Converter(conv.sizevars, conv.scheme)
         tensor = _graph_tensor(own, label, name)
         found = shared[(name, conv.scheme)] = _Converted(tuple(tensor), own.statics, own.labels, own.symbol_uses)
     else:

@@ -142,10 +142,7 @@ def _device_clones(autotuner: Any, named: list[tuple[str, Any]], device: Any, fl
     bytes is kept. Where the flush buffer alone holds every clone, the second
     config clones them all, whatever the headroom.
     """
-    import torch
-
-    mutated = set(getattr(autotuner, "mutated_arg_names", ()) or ())
-    candidates = [(n, v) for n, v in named if n in mutated and isinstance(v, torch.Tensor)]
+    candidates = _mutated_tensors(autotuner, named)
     if not candidates or not getattr(autotuner, "optimize_mem", False):
         return candidates
     on_device = [(n, v, _clone_bytes(v)) for n, v in candidates if v.device.type in HOST_COPY_DEVICES]
@@ -171,21 +168,23 @@ def _device_clones(autotuner: Any, named: list[tuple[str, Any]], device: Any, fl
     return always + [(n, v) for n, v, _size in best]
 
 
+def _mutated_tensors(autotuner: Any, named: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The tensor args the kernel mutates: what upstream clones for its benchmark (or copies to the host)."""
+    import torch
+
+    mutated = set(getattr(autotuner, "mutated_arg_names", ()) or ())
+    return [(n, v) for n, v in named if n in mutated and isinstance(v, torch.Tensor)]
+
+
 def clone_bound(autotuner: Any, named: list[tuple[str, Any]], device: Any) -> int:
     """At least the estimate of ``plan_for_autotuner``'s plan, without building it or reading the allocator:
     a clone of every mutated tensor arg (the headroom rule clones some of these), the flush buffer and
     the slack. Equal to the estimate where every one is cloned."""
-    import torch
-
     from prescreen.hooks.select_algorithm import GPU_SLACK_BYTES, flush_buffer_bytes
 
-    mutated = getattr(autotuner, "mutated_arg_names", ()) or ()
     flush = flush_buffer_bytes(device)
     total = flush + GPU_SLACK_BYTES if flush else 0
-    for name, value in named:
-        if name in mutated and isinstance(value, torch.Tensor):
-            total += _clone_bytes(value)
-    return total
+    return total + sum(_clone_bytes(value) for _name, value in _mutated_tensors(autotuner, named))
 
 
 def plan_for_autotuner(

@@ -283,7 +283,7 @@ def lookup_or_decide(
                     _stale.discard(found)
             outcome = _count_hit(found, store, plan)
             with _lock:
-                COUNTERS.seconds += time.perf_counter() - start
+                _RAW_COUNTS["seconds"] += time.perf_counter() - start
             return outcome
     try:
         return _lookup_or_decide(plan, budget, store, write, wait, key, parts)

@@ -38,7 +38,6 @@ from typing import IO, TypeVar
 from diskcache.core import DBNAME
 
 from prescreen.budget import parse_memory
-from prescreen.decision import is_observed_oom
 from prescreen.errors import ConfigError
 from prescreen.store import observed, writer
 from prescreen.store.base import Store, StoreStats, log
@@ -428,9 +427,6 @@ class DiskStore(Store):
 
     # -- decoding -----------------------------------------------------------
 
-    def _decode(self, key: str, raw: object, *, warn: bool = True, lazy: bool = False) -> Entry | None:
-        return self.decode(key, raw, warn=warn, lazy=lazy)  # a Refused (pickled/binary) row is reported, never unpickled
-
     def _stored_hits(self, key: str) -> int:
         value = self._run(False, lambda c: c.get(HITS_PREFIX + key), None)
         count = hit_count(value)
@@ -441,14 +437,7 @@ class DiskStore(Store):
     # -- the Store interface ----------------------------------------------------
 
     def _read(self, key: str) -> object:
-        handle = self._read_handle()  # ``_run``'s read, without its callback: a lookup's, inside a compile
-        if handle is None:
-            return None
-        try:
-            raw = handle.get_text(key)
-        except Exception as exc:  # a store fault is never the compile's problem
-            self._fault(exc, False)
-            return None
+        raw = self._run(False, lambda c: c.get_text(key), None)
         if isinstance(raw, Missing):
             self._drop_missing(key, raw.filename)
         return raw
@@ -557,16 +546,14 @@ class DiskStore(Store):
 
     def put(self, entry: Entry) -> bool:
         text = entry.with_hits(0).to_json(self.signer)
-        fact = is_observed_oom(entry.decision)
 
         def add(cache: FastOpenCache | ReadOnlyCache) -> bool:
             assert isinstance(cache, FastOpenCache)
-            if fact:
-                observed.mark(self.directory)  # before the entry (see ``observed``)
+            observed.before_write(self.directory, entry.decision)
             if cache.add(entry.key, text):
                 return True
             with cache.transact():
-                if self._decode(entry.key, cache.get(entry.key), warn=False) is not None:
+                if self.decode(entry.key, cache.get(entry.key), warn=False) is not None:
                     return False
                 cache.set(entry.key, text)
                 cache.delete(HITS_PREFIX + entry.key)
@@ -609,7 +596,7 @@ class DiskStore(Store):
         for key, filename in missing:
             self._drop_missing(key, filename)
         for key in live:
-            entry = self._decode(key, self._read(key))
+            entry = self.decode(key, self._read(key))
             if entry is not None:
                 yield entry.with_hits(self._stored_hits(key))
 

@@ -8,7 +8,7 @@ holds no such entry, a step that fits can skip its key, read and decode
 
 * the **marker**, a file ``observed-oom`` in the cache directory (mode 0600). Every
   write of an observed-OOM entry by this prescreen (``DiskStore.put``, a recovery's
-  restore) makes it first, so a process that sees no marker after a clean scan has
+  restore: ``before_write``) makes it first, so a process that sees no marker after a clean scan has
   seen every such write made since. It is never removed (``prescreen clear`` keeps it);
 * a **scan** of the database (``scan``), once per opened database file (in the background
   once the hooks open the store: about 10 ms per 1,000 entries): entries written by an older
@@ -31,9 +31,10 @@ from pathlib import Path
 
 from diskcache.core import MODE_TEXT
 
+from prescreen.decision import Decision, is_observed_oom
 from prescreen.store.base import log
 from prescreen.store.secure import create_private_file, value_file
-from prescreen.store.textdisk import FastOpenCache
+from prescreen.store.textdisk import FastOpenCache, read_value_head
 
 MARKER = "observed-oom"
 #: The bytes every observed-OOM entry's reason starts with, as canonical JSON stores them.
@@ -63,6 +64,13 @@ def mark(directory: str | os.PathLike[str]) -> None:
                     "already skip the store for runtime steps that fit", directory, MARKER, exc)
 
 
+def before_write(directory: str | os.PathLike[str], decision: Decision) -> None:
+    """What every write of an entry into ``directory``'s database does first: ``mark`` it where ``decision``
+    is an observed-OOM fact."""
+    if is_observed_oom(decision):
+        mark(directory)
+
+
 def scan(cache: FastOpenCache, directory: Path) -> bool:
     """True when no value in ``cache`` could be served as an observed-OOM entry (see the module docstring).
 
@@ -76,9 +84,7 @@ def scan(cache: FastOpenCache, directory: Path) -> bool:
         if path is None:
             continue  # refused by every read
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, "rb") as reader:
-                head = reader.read(HEAD_BYTES)
+            head = read_value_head(path, HEAD_BYTES)
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.ELOOP):
                 continue  # gone: a miss for every read; a symlink: refused by every read

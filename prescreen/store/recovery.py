@@ -30,7 +30,6 @@ from typing import IO
 import diskcache
 from diskcache.core import DBNAME
 
-from prescreen.decision import is_observed_oom
 from prescreen.store import observed
 from prescreen.store.entry import Entry, InvalidEntry
 from prescreen.store.secure import create_private_file, value_file
@@ -208,8 +207,7 @@ def _restore(cache: diskcache.Cache, directory: Path, text: str, signer: Signer 
         entry = Entry.from_json(text, signer=signer)
     except InvalidEntry:
         return None
-    if is_observed_oom(entry.decision):
-        observed.mark(directory)  # before the entry (see ``observed``)
+    observed.before_write(directory, entry.decision)
     return bool(cache.add(entry.key, text))
 
 

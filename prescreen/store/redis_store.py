@@ -201,9 +201,6 @@ class RedisStore(Store):
         self._healthy = True
         return result
 
-    def _decode(self, key: str, raw: object, *, warn: bool = True) -> Entry | None:
-        return self.decode(key, raw, warn=warn)
-
     def _counter(self, key: str, raw: object) -> int:
         """A hit counter as read back; one that is not a sane integer counts as 0 (and was reset when counting)."""
         count = _count(raw)
@@ -255,7 +252,7 @@ class RedisStore(Store):
     def get(self, key: str) -> Entry | None:
         nothing: tuple[object, int] = (None, 0)
         raw, hits = self._call(lambda: self._fetch(key), nothing)
-        entry = self._decode(key, raw)
+        entry = self.decode(key, raw)
         if entry is None:
             self.misses += 1
             return None
@@ -271,7 +268,7 @@ class RedisStore(Store):
             with self._client.pipeline() as pipe:
                 try:
                     pipe.watch(name)  # type: ignore[no-untyped-call]
-                    if self._decode(entry.key, pipe.get(name), warn=False) is not None:
+                    if self.decode(entry.key, pipe.get(name), warn=False) is not None:
                         return False
                     pipe.multi()
                     pipe.set(name, text)
@@ -323,7 +320,7 @@ class RedisStore(Store):
             if rows is None:
                 return
             for key, (value, counter) in zip(batch, rows):
-                entry = self._decode(key, value)
+                entry = self.decode(key, value)
                 if entry is not None:
                     yield entry.with_hits(self._counter(key, counter if counter is not None else 0))
 

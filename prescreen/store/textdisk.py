@@ -51,11 +51,16 @@ class Missing:
     why: str = "its value file is gone"
 
 
-def read_value_file(path: str, limit: int = MAX_ENTRY_BYTES) -> str | Refused:
-    """The text of a ``.val`` file, without following a symlink and reading at most ``limit`` bytes."""
+def read_value_head(path: str, size: int) -> bytes:
+    """The first ``size`` bytes of a ``.val`` file, read without following a symlink (``OSError`` as ``open``)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as reader:
-        data = reader.read(limit + 1)
+        return reader.read(size)
+
+
+def read_value_file(path: str, limit: int = MAX_ENTRY_BYTES) -> str | Refused:
+    """The text of a ``.val`` file, without following a symlink and reading at most ``limit`` bytes."""
+    data = read_value_head(path, limit + 1)
     if len(data) > limit:
         return Refused(f"its value file is over {limit} bytes")
     try:
