@@ -340,7 +340,8 @@ def writer_cpu_seconds() -> float:
 
 def trace_lookups() -> None:
     """With ``--trace-lookups``: one line per lookup that reads the store or decides (plan, groups, hit, ms
-    past the key), with the garbage collector's time inside it and the threads alive (others may hold the GIL)."""
+    past the key, and the calling thread's CPU ms of them), with the garbage collector's time inside it,
+    the background store writer's CPU meanwhile and the threads alive (others may hold the GIL)."""
     import gc
     import threading
 
@@ -358,16 +359,18 @@ def trace_lookups() -> None:
     gc.callbacks.append(on_gc)
 
     def traced(plan: Any, *rest: Any) -> Any:
+        writer_before, cpu_before = writer_cpu_seconds(), time.thread_time()
         start, gc_before = time.perf_counter(), collected["seconds"]
         out = inner(plan, *rest)
         elapsed = time.perf_counter() - start
+        cpu, writer = time.thread_time() - cpu_before, writer_cpu_seconds() - writer_before
         groups = 1
         for feature in plan.group_features:
             groups *= len(feature.buckets) + 1
         print(f"  lookup {plan.kernel_name[:40]:40s} features {len(plan.group_features)} groups <= {groups} "
-              f"args {len(plan.args)} hit {out.hit} {1e3 * elapsed:.2f} ms "
-              f"(gc {1e3 * (collected['seconds'] - gc_before):.2f} ms; threads {threading.active_count()})",
-              flush=True)
+              f"args {len(plan.args)} hit {out.hit} {1e3 * elapsed:.2f} ms, CPU {1e3 * cpu:.2f} ms "
+              f"(gc {1e3 * (collected['seconds'] - gc_before):.2f} ms; store writer's CPU meanwhile "
+              f"{1e3 * writer:.2f} ms; threads {threading.active_count()})", flush=True)
         return out
 
     service._lookup_or_decide = traced

@@ -92,21 +92,31 @@ class _SymbolFacts:
 
     A hint never changes during a graph's lowering. A range may narrow (a guard refines it), so one is
     reused only while the ShapeEnv still holds the very ``ValueRanges`` object it was read from (a
-    refinement replaces that object; ``bound_sympy`` of a symbol depends on nothing else).
+    refinement replaces that object; ``bound_sympy`` of a symbol depends on nothing else). A symbol's
+    shape family (its value in plans, its label) follows from its hint, its range, the bucketing scheme
+    and the name ``warm`` gave its hint: kept while the same range object and name stand.
     """
 
-    __slots__ = ("hints", "ranges", "exprs")
+    __slots__ = ("hint", "hints", "ranges", "exprs", "buckets")
 
-    def __init__(self) -> None:
+    def __init__(self, sizevars: Any) -> None:
+        self.hint = _hint_fns(sizevars)
         self.hints: dict[Any, int] = {}
         self.ranges: dict[Any, tuple[object, tuple[int | None, int | None]]] = {}
         # sympy expression -> (its symbols, the plan expression): a pure function of the expression and
         # the hints, which never change during the graph's lowering
         self.exprs: dict[Any, tuple[tuple[Any, ...], Expr]] = {}
+        # (symbol, scheme) -> (the range object it was read under, the hint's warm name, value, label or None)
+        self.buckets: dict[tuple[Any, families.Scheme], tuple[object, str | None, int, str | None]] = {}
 
-    def symbol_range(self, shape_env: Any, sym: Any) -> tuple[int | None, int | None]:
+    @staticmethod
+    def range_source(shape_env: Any, sym: Any) -> object | None:
+        """The ShapeEnv's own range object for ``sym`` (None where it keeps no such table)."""
         table = getattr(shape_env, "var_to_range", None)
-        source = table.get(sym) if isinstance(table, dict) else None
+        return table.get(sym) if isinstance(table, dict) else None
+
+    def symbol_range(self, shape_env: Any, sym: Any, source: object | None) -> tuple[int | None, int | None]:
+        """``families.symbol_range``, read again only once ``source`` (``range_source``) is replaced."""
         found = self.ranges.get(sym)
         if found is not None and source is not None and found[0] is source:
             return found[1]
@@ -121,7 +131,11 @@ _facts_by_graph: "weakref.WeakKeyDictionary[Any, _SymbolFacts]" = weakref.WeakKe
 
 def _symbol_facts(sizevars: Any) -> _SymbolFacts:
     """The facts already read of ``sizevars``' symbols (dropped with it)."""
-    return state.kept(_facts_by_graph, sizevars, _SymbolFacts())
+    try:
+        facts = _facts_by_graph.get(sizevars)
+    except TypeError:  # not weakly referenceable: facts of its own
+        return _SymbolFacts(sizevars)
+    return facts if facts is not None else state.kept(_facts_by_graph, sizevars, _SymbolFacts(sizevars))
 
 
 class _Converter:
@@ -136,24 +150,39 @@ class _Converter:
 
     def __init__(self, sizevars: Any, scheme: families.Scheme | None = None) -> None:
         self.sizevars = sizevars
-        self.hint = _hint_fns(sizevars)
+        self.facts = _symbol_facts(sizevars)
+        self.hint = self.facts.hint
         self.shape_env = getattr(sizevars, "shape_env", None)
         self.scheme = families.active_scheme() if scheme is None else scheme
         self.statics: dict[str, int] = {}
         self.labels: dict[str, str] = {}
-        self.facts = _symbol_facts(sizevars)
         self.symbol_uses = 0  # symbols met by ``expr`` so far: unchanged over a tensor means it is static
 
     def _family(self, sym: Any) -> int:
-        hint = self.facts.hints.get(sym)
+        """``sym``'s value in plans (its bucket's bound, or its hint), its label recorded."""
+        facts = self.facts
+        source = facts.range_source(self.shape_env, sym)
+        found = facts.buckets.get((sym, self.scheme))
+        if (found is None or source is None or found[0] is not source
+                or families.name_for(facts.hints[sym]) != found[1]):
+            found = self._read_family(sym, source)
+        if found[3] is not None:
+            self.labels[sym.name] = found[3]
+        return found[2]
+
+    def _read_family(self, sym: Any, source: object | None) -> tuple[object, str | None, int, str | None]:
+        facts = self.facts
+        hint = facts.hints.get(sym)
         if hint is None:
-            hint = self.facts.hints[sym] = self.hint(sym)
-        bucket = families.bucket_for(hint, self.scheme, *self.facts.symbol_range(self.shape_env, sym))
+            hint = facts.hints[sym] = self.hint(sym)
+        bucket = families.bucket_for(hint, self.scheme, *facts.symbol_range(self.shape_env, sym, source))
+        named = families.name_for(hint)
+        found: tuple[object, str | None, int, str | None] = (source, named, hint, None)
         if hint in bucket and not (bucket.exact and self.scheme.kind == "exact"):
-            name = families.name_for(hint) or _source_name(self.shape_env, sym) or sym.name
-            self.labels[sym.name] = bucket.describe(name)
-            return bucket.high
-        return hint
+            found = (source, named, bucket.high, bucket.describe(named or _source_name(self.shape_env, sym) or sym.name))
+        if source is not None:
+            facts.buckets[(sym, self.scheme)] = found
+        return found
 
     def expr(self, e: Any) -> Expr:
         if isinstance(e, int):

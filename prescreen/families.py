@@ -162,6 +162,9 @@ def _as_int(value: object) -> int | None:
     if isinstance(value, int):
         return value
     if getattr(value, "is_Integer", False) is True:
+        numerator = getattr(value, "p", None)  # a sympy Integer's own int: no printing
+        if type(numerator) is int:
+            return numerator
         try:
             return int(str(value))
         except (TypeError, ValueError, AttributeError, OverflowError):

@@ -423,6 +423,60 @@ def test_a_symbols_range_is_read_again_once_a_guard_narrows_it() -> None:
     assert narrowed.statics == {"s0": 3500} and graph.shape_env.reads == 2
 
 
+def test_a_symbols_family_is_read_once_per_graph_until_its_range_or_name_changes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every converter of one graph reuses a symbol's bucket and label; a narrowed range, a name from
+    ``warm`` or another scheme reads them again, and each answer equals a fresh graph's."""
+    import sympy
+
+    from prescreen import families
+
+    s0 = sympy.Symbol("s0", positive=True, integer=True)
+
+    class Range:
+        def __init__(self, lower: int, upper: int) -> None:
+            self.lower, self.upper = lower, upper
+
+    class ShapeEnv:
+        def __init__(self) -> None:
+            self.var_to_range = {s0: Range(2, 10**9)}
+
+        def bound_sympy(self, e: Any) -> Range:
+            return self.var_to_range[e]
+
+    class SizeVars:
+        def __init__(self) -> None:
+            self.shape_env = ShapeEnv()
+
+        def optimization_hint(self, e: Any, fallback: int = 0) -> int:
+            return int(sympy.sympify(e).subs({s0: 3000}))
+
+        size_hint = optimization_hint
+
+    buckets: list[int] = []
+    bucket_for = families.bucket_for
+    monkeypatch.setattr(families, "bucket_for", lambda hint, *rest: buckets.append(hint) or bucket_for(hint, *rest))
+
+    def converted(graph: SizeVars, scheme: families.Scheme | None = None) -> tuple[dict[str, int], dict[str, str]]:
+        conv = sel._Converter(graph, scheme)
+        conv.expr(s0 * 2)
+        return conv.statics, conv.labels
+
+    graph = SizeVars()
+    first = converted(graph)
+    assert converted(graph) == first == ({"s0": 4096}, {"s0": "s0 in (2048, 4096]"}) and len(buckets) == 1
+    graph.shape_env.var_to_range[s0] = Range(2, 3500)
+    assert converted(graph) == converted(graph) == ({"s0": 3500}, {"s0": "s0 in (2048, 3500]"})
+    assert len(buckets) == 2
+    with families.naming({"batch": 3000}):
+        assert converted(graph) == ({"s0": 3500}, {"s0": "batch in (2048, 3500]"}) and len(buckets) == 3
+    assert converted(graph) == ({"s0": 3500}, {"s0": "s0 in (2048, 3500]"}) and len(buckets) == 4
+    exact = families.parse_scheme("exact")
+    fresh = SizeVars()
+    fresh.shape_env.var_to_range[s0] = Range(2, 3500)
+    assert converted(graph, exact) == converted(fresh, exact) == ({"s0": 3000}, {})
+
+
 class _FakeGpuBackend:
     """``torch.<device type>`` as ``flush_buffer_bytes`` reads it: properties per device index."""
 
