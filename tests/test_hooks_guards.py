@@ -6,6 +6,7 @@ import types
 from typing import Any
 
 import pytest
+import sympy
 import torch
 
 from prescreen.decision import is_observed_oom
@@ -384,42 +385,48 @@ def test_a_graphs_symbol_hints_are_read_once_for_all_its_plans() -> None:
     assert third.expr(s0) == Axis("s0") and third.statics == {"s0": 128} and other.calls == 1
 
 
+_S0 = sympy.Symbol("s0", positive=True, integer=True)
+
+
+class _Range:
+    def __init__(self, lower: int, upper: int) -> None:
+        self.lower, self.upper = lower, upper
+
+
+class _RangedShapeEnv:
+    """A ShapeEnv's range table and ``bound_sympy`` (counted)."""
+
+    def __init__(self) -> None:
+        self.var_to_range = {_S0: _Range(2, 10**9)}
+        self.reads = 0
+
+    def bound_sympy(self, e: Any) -> _Range:
+        self.reads += 1
+        return self.var_to_range[e]
+
+
+class _RangedSizeVars:
+    """A graph's sizevars: s0's hint is 3000."""
+
+    def __init__(self) -> None:
+        self.shape_env = _RangedShapeEnv()
+
+    def size_hint(self, e: Any, fallback: int = 0) -> int:
+        return int(sympy.sympify(e).subs({_S0: 3000}))
+
+    optimization_hint = size_hint
+
+
 def test_a_symbols_range_is_read_again_once_a_guard_narrows_it() -> None:
     """A range is reused only while the ShapeEnv holds the very object it was read from."""
-    import sympy
-
-    s0 = sympy.Symbol("s0", positive=True, integer=True)
-
-    class Range:
-        def __init__(self, lower: int, upper: int) -> None:
-            self.lower, self.upper = lower, upper
-
-    class ShapeEnv:
-        def __init__(self) -> None:
-            self.var_to_range = {s0: Range(2, 10**9)}
-            self.reads = 0
-
-        def bound_sympy(self, e: Any) -> Range:
-            self.reads += 1
-            return self.var_to_range[e]
-
-    class SizeVars:
-        def __init__(self) -> None:
-            self.shape_env = ShapeEnv()
-
-        def size_hint(self, e: Any, fallback: int = 0) -> int:
-            return int(sympy.sympify(e).subs({s0: 3000}))
-
-        optimization_hint = size_hint
-
-    graph = SizeVars()
+    graph = _RangedSizeVars()
     first = sel._Converter(graph)
-    first.expr(s0)
-    sel._Converter(graph).expr(s0 * 2)
+    first.expr(_S0)
+    sel._Converter(graph).expr(_S0 * 2)
     assert first.statics == {"s0": 4096} and graph.shape_env.reads == 1
-    graph.shape_env.var_to_range[s0] = Range(2, 3500)  # a guard narrowed it: a new object
+    graph.shape_env.var_to_range[_S0] = _Range(2, 3500)  # a guard narrowed it: a new object
     narrowed = sel._Converter(graph)
-    narrowed.expr(s0)
+    narrowed.expr(_S0)
     assert narrowed.statics == {"s0": 3500} and graph.shape_env.reads == 2
 
 
@@ -427,53 +434,30 @@ def test_a_symbols_family_is_read_once_per_graph_until_its_range_or_name_changes
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Every converter of one graph reuses a symbol's bucket and label; a narrowed range, a name from
     ``warm`` or another scheme reads them again, and each answer equals a fresh graph's."""
-    import sympy
-
     from prescreen import families
-
-    s0 = sympy.Symbol("s0", positive=True, integer=True)
-
-    class Range:
-        def __init__(self, lower: int, upper: int) -> None:
-            self.lower, self.upper = lower, upper
-
-    class ShapeEnv:
-        def __init__(self) -> None:
-            self.var_to_range = {s0: Range(2, 10**9)}
-
-        def bound_sympy(self, e: Any) -> Range:
-            return self.var_to_range[e]
-
-    class SizeVars:
-        def __init__(self) -> None:
-            self.shape_env = ShapeEnv()
-
-        def optimization_hint(self, e: Any, fallback: int = 0) -> int:
-            return int(sympy.sympify(e).subs({s0: 3000}))
-
-        size_hint = optimization_hint
 
     buckets: list[int] = []
     bucket_for = families.bucket_for
     monkeypatch.setattr(families, "bucket_for", lambda hint, *rest: buckets.append(hint) or bucket_for(hint, *rest))
 
-    def converted(graph: SizeVars, scheme: families.Scheme | None = None) -> tuple[dict[str, int], dict[str, str]]:
+    def converted(graph: _RangedSizeVars,
+                  scheme: families.Scheme | None = None) -> tuple[dict[str, int], dict[str, str]]:
         conv = sel._Converter(graph, scheme)
-        conv.expr(s0 * 2)
+        conv.expr(_S0 * 2)
         return conv.statics, conv.labels
 
-    graph = SizeVars()
+    graph = _RangedSizeVars()
     first = converted(graph)
     assert converted(graph) == first == ({"s0": 4096}, {"s0": "s0 in (2048, 4096]"}) and len(buckets) == 1
-    graph.shape_env.var_to_range[s0] = Range(2, 3500)
+    graph.shape_env.var_to_range[_S0] = _Range(2, 3500)
     assert converted(graph) == converted(graph) == ({"s0": 3500}, {"s0": "s0 in (2048, 3500]"})
     assert len(buckets) == 2
     with families.naming({"batch": 3000}):
         assert converted(graph) == ({"s0": 3500}, {"s0": "batch in (2048, 3500]"}) and len(buckets) == 3
     assert converted(graph) == ({"s0": 3500}, {"s0": "s0 in (2048, 3500]"}) and len(buckets) == 4
     exact = families.parse_scheme("exact")
-    fresh = SizeVars()
-    fresh.shape_env.var_to_range[s0] = Range(2, 3500)
+    fresh = _RangedSizeVars()
+    fresh.shape_env.var_to_range[_S0] = _Range(2, 3500)
     assert converted(graph, exact) == converted(fresh, exact) == ({"s0": 3000}, {})
 
 
