@@ -90,19 +90,18 @@ class _SymbolFacts:
     substitution) or a value range (``ShapeEnv.bound_sympy``), and converting a size, is most of
     building a plan, and every selection and fusion step of the graph reads the same few.
 
-    A hint never changes during a graph's lowering. A range may narrow (a guard refines it), so one is
-    reused only while the ShapeEnv still holds the very ``ValueRanges`` object it was read from (a
-    refinement replaces that object; ``bound_sympy`` of a symbol depends on nothing else). A symbol's
-    shape family (its value in plans, its label) follows from its hint, its range, the bucketing scheme
-    and the name ``warm`` gave its hint: kept while the same range object and name stand.
+    A hint never changes during a graph's lowering. A symbol's shape family (its value in plans, its
+    label) follows from its hint, its range, the bucketing scheme and the name ``warm`` gave its hint. A
+    range may narrow (a guard refines it), so a family is reused only while the ShapeEnv still holds the
+    very ``ValueRanges`` object its range was read from (a refinement replaces that object;
+    ``bound_sympy`` of a symbol depends on nothing else) and the name stands.
     """
 
-    __slots__ = ("hint", "hints", "ranges", "exprs", "buckets")
+    __slots__ = ("hint", "hints", "exprs", "buckets")
 
     def __init__(self, sizevars: Any) -> None:
         self.hint = _hint_fns(sizevars)
         self.hints: dict[Any, int] = {}
-        self.ranges: dict[Any, tuple[object, tuple[int | None, int | None]]] = {}
         # sympy expression -> (its symbols, the plan expression): a pure function of the expression and
         # the hints, which never change during the graph's lowering
         self.exprs: dict[Any, tuple[tuple[Any, ...], Expr]] = {}
@@ -114,16 +113,6 @@ class _SymbolFacts:
         """The ShapeEnv's own range object for ``sym`` (None where it keeps no such table)."""
         table = getattr(shape_env, "var_to_range", None)
         return table.get(sym) if isinstance(table, dict) else None
-
-    def symbol_range(self, shape_env: Any, sym: Any, source: object | None) -> tuple[int | None, int | None]:
-        """``families.symbol_range``, read again only once ``source`` (``range_source``) is replaced."""
-        found = self.ranges.get(sym)
-        if found is not None and source is not None and found[0] is source:
-            return found[1]
-        bounds = families.symbol_range(shape_env, sym)
-        if source is not None:
-            self.ranges[sym] = (source, bounds)
-        return bounds
 
 
 _facts_by_graph: "weakref.WeakKeyDictionary[Any, _SymbolFacts]" = weakref.WeakKeyDictionary()
@@ -175,7 +164,7 @@ class _Converter:
         hint = facts.hints.get(sym)
         if hint is None:
             hint = facts.hints[sym] = self.hint(sym)
-        bucket = families.bucket_for(hint, self.scheme, *facts.symbol_range(self.shape_env, sym, source))
+        bucket = families.bucket_for(hint, self.scheme, *families.symbol_range(self.shape_env, sym))
         named = families.name_for(hint)
         found: tuple[object, str | None, int, str | None] = (source, named, hint, None)
         if hint in bucket and not (bucket.exact and self.scheme.kind == "exact"):
