@@ -313,8 +313,8 @@ def _lookup_or_decide(
                 _book(outcome.decision, _RAW_COUNTS)
             return _observed(outcome, plan) if OBSERVERS else outcome
     with _lock:
-        COUNTERS.lookups += 1
-        COUNTERS.estimator_calls += 1
+        _RAW_COUNTS["lookups"] += 1
+        _RAW_COUNTS["estimator_calls"] += 1
     reps = try_representatives(plan)
     decision = decide_with(plan, reps, budget)
     family = None if isinstance(reps, NotBounded) else family_summary(reps)
