@@ -54,3 +54,22 @@ def block(batch: int = 2, seq: int = 16, device: str = "cpu") -> tuple[nn.Module
     _seeded()
     model = Block().to(device).eval()
     return model, (torch.randn(batch, seq, 64, device=device),)
+
+
+class PairBmm(nn.Module):
+    """A batched matmul of two inputs viewed as (batch, 64, 48) @ (batch, 48, 32).
+
+    The views keep the inner sizes static under ``dynamic=True``, so on CPU Inductor
+    offers its C++ bmm template beside ATen and autotunes them without ``freezing``:
+    the compile is one torch's FX graph and AOTAutograd caches keep.
+    """
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(a.view(-1, 64, 48), b.view(-1, 48, 32)).relu()
+
+
+def pair_bmm(batch: int = 8, device: str = "cpu") -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    """``PairBmm`` over ``batch`` pairs."""
+    _seeded()
+    return PairBmm().to(device).eval(), (torch.randn(batch, 64 * 48, device=device),
+                                         torch.randn(batch, 48 * 32, device=device))

@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from types import ModuleType
@@ -21,6 +22,7 @@ log = logging.getLogger("prescreen.hooks")
 ENABLE_ENV = "PRESCREEN"
 VERBOSE_ENV = "PRESCREEN_VERBOSE"
 SELECT_MODULE = "torch._inductor.select_algorithm"
+COMPILE_FX_MODULE = "torch._inductor.compile_fx"  # == prescreen.hooks.cache_tag.MODULE
 NPU_MODULE = "torch_npu._inductor.codegen.triton"  # == prescreen.hooks.npu.NPU_MODULE
 NPU_RUNTIME_MODULE = "torch_npu._inductor.runtime.triton_heuristics"  # == prescreen.hooks.npu.RUNTIME_MODULE
 
@@ -40,13 +42,30 @@ def summary_line() -> str:
 
     c = state.counters()
     return (f"prescreen: {c.lookups} lookups, {c.hits} store hits, {c.estimator_calls} computed, "
-            f"{c.fell_back} fallbacks, {c.screened} runtime steps screened, {c.seconds * 1000:.1f} ms in prescreen")
+            f"{c.fell_back} fallbacks, {c.seconds * 1000:.1f} ms in prescreen")
+
+
+def _handled(logger: logging.Logger, level: int) -> bool:
+    """Whether a record at ``level`` on ``logger`` reaches a handler (logging is configured for it)."""
+    if not logger.isEnabledFor(level):
+        return False
+    current: logging.Logger | None = logger
+    while current is not None:
+        if any(level >= handler.level for handler in current.handlers):
+            return True
+        current = current.parent if current.propagate else None
+    return False
 
 
 def _log_summary() -> None:
+    """The exit summary ``PRESCREEN_VERBOSE`` asks for: logged where logging would show it, else on stderr."""
     try:
         if verbose():
-            log.info("%s", summary_line())
+            if _handled(log, logging.INFO):
+                log.info("%s", summary_line())
+            else:
+                sys.stderr.write(summary_line() + "\n")
+                sys.stderr.flush()
     except Exception:  # pragma: no cover - logging at exit must never raise
         pass
 
@@ -55,6 +74,12 @@ def _patch_select(_module: ModuleType) -> None:
     from prescreen.hooks import select_algorithm
 
     select_algorithm.patch()
+
+
+def _patch_compile_fx(module: ModuleType) -> None:
+    from prescreen.hooks import cache_tag
+
+    cache_tag.patch(module)
 
 
 def _patch_npu(_module: ModuleType) -> None:
@@ -80,8 +105,8 @@ def install(
 
     The Inductor guard is applied now (or, with ``lazy``, when Inductor's
     ``select_algorithm`` is first imported); the torch_npu guard whenever
-    ``torch_npu._inductor.codegen.triton`` is imported. The store is opened
-    (and its background writer started), and the library versions every key
+    ``torch_npu._inductor.codegen.triton`` is imported. The store is opened,
+    and the library versions every key
     holds are read, now too (with ``lazy``, the ``import torch`` autoload: at
     the first lookup and the first write). Explicit ``store``, ``device_memory`` and ``ratio`` override the
     environment.
@@ -97,6 +122,7 @@ def install(
         if not lazy:
             import torch._inductor.select_algorithm  # noqa: F401
         import_hook.when_imported(SELECT_MODULE, _patch_select)
+        import_hook.when_imported(COMPILE_FX_MODULE, _patch_compile_fx)
         import_hook.when_imported(NPU_MODULE, _patch_npu)
         import_hook.when_imported(NPU_RUNTIME_MODULE, _patch_npu_runtime)
         _active = True
@@ -104,10 +130,8 @@ def install(
         if not lazy:
             from prescreen.hooks import state
             from prescreen.key import library_versions
-            from prescreen.store import writer
 
-            if state.get_store() is not None:  # opened here, not inside the first compile
-                writer.start()  # and the thread that makes its writes started
+            state.get_store()  # opened here, not inside the first compile
             library_versions()  # read here too: every key holds them (a few files' headers, once)
 
 
@@ -125,10 +149,12 @@ def _announce(lazy: bool) -> None:
 def uninstall() -> None:
     """Restore upstream behaviour everywhere (idempotent)."""
     global _active
-    from prescreen.hooks import npu, select_algorithm
+    from prescreen.hooks import cache_tag, npu, select_algorithm
 
     with _lock:
         import_hook.forget(SELECT_MODULE)
+        import_hook.forget(COMPILE_FX_MODULE)
+        cache_tag.unpatch()
         import_hook.forget(NPU_MODULE)
         import_hook.forget(NPU_RUNTIME_MODULE)
         select_algorithm.unpatch()

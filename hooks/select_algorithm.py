@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import inspect
 import logging
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -340,7 +341,20 @@ def _fallback_choice(choices: Sequence[Any]) -> Any | None:
     return None
 
 
-def _guard(name: str, choices: list[Any], input_nodes: Sequence[Any], layout: Any) -> list[Any]:
+def _all_timings_cached(selector: Any, name: str, choices: list[Any], input_nodes: Sequence[Any]) -> bool:
+    """Whether Inductor's local autotune cache already holds a timing for every choice: upstream then
+    benchmarks nothing (``PersistentCache.lookup`` answers from the cache), so there is nothing to guard.
+
+    CUTLASS choices are left out of this shortcut: upstream may benchmark them to read their workspace."""
+    from torch._inductor.select_algorithm import create_inputs_key
+
+    if any("CUTLASS" in type(c).__name__ for c in choices):
+        return False
+    timings = selector.lookup(choices, name, create_inputs_key(input_nodes), None)
+    return bool(timings) and all(c in timings for c in choices)
+
+
+def _guard(selector: Any, name: str, choices: list[Any], input_nodes: Sequence[Any], layout: Any) -> list[Any]:
     """Return the choices to hand upstream: all of them, or just the fallback."""
     if len(choices) <= 1:
         return choices
@@ -349,10 +363,21 @@ def _guard(name: str, choices: list[Any], input_nodes: Sequence[Any], layout: An
         return choices  # nothing safe to fall back to: upstream behaviour
     plan = plan_for_selection(name, input_nodes, layout)
     budget = state.budget_for(layout.device)
-    outcome = lookup_or_decide(plan, budget, state.get_store(), wait=False)
+    outcome = lookup_or_decide(plan, budget, state.get_store())
     decision = outcome.decision
+    if state.plan_only():
+        return [fallback]  # decided and recorded; nothing is benchmarked
     if decision.tune:
         return choices
+    try:
+        if _all_timings_cached(selector, name, choices, input_nodes):
+            state.log_once(f"cached:{outcome.key}", logging.INFO,
+                           "prescreen: %s would fall back (%s), but Inductor's autotune cache holds a timing for "
+                           "each of its %d choices: upstream chooses without benchmarking", name,
+                           decision.reason, len(choices))
+            return choices
+    except Exception as exc:  # an unreadable cache: the decision stands
+        log.debug("prescreen: autotune cache not read for %s (%r)", name, exc)
     state.log_once(
         outcome.key,
         logging.WARNING,
@@ -370,6 +395,7 @@ def _guard(name: str, choices: list[Any], input_nodes: Sequence[Any], layout: An
 _CALL_PARAMS = ("self", "name", "choices", "input_nodes", "layout")
 _AUTOTUNE_PARAMS = ("self", "name", "input_nodes", "layout", "input_gen_fns", "choices")
 _FUSION_PARAMS = ("self", "node1", "node2")
+_LOOKUP_PARAMS = ("self", "choices", "op", "inputs", "benchmark")
 
 
 def _params_ok(fn: Callable[..., Any], expected: tuple[str, ...]) -> bool:
@@ -393,7 +419,7 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             bound = signature.bind(*args, **kwargs)
             bound.arguments["choices"] = _guard(
-                bound.arguments["name"], list(bound.arguments["choices"]), bound.arguments["input_nodes"],
+                bound.arguments["self"], bound.arguments["name"], list(bound.arguments["choices"]), bound.arguments["input_nodes"],
                 bound.arguments["layout"],
             )
             args, kwargs = bound.args, bound.kwargs
@@ -436,10 +462,46 @@ def _wrap_autotune(original: Callable[..., Any]) -> Callable[..., Any]:
         oom.record(lambda: [plan_for_selection(name, input_nodes, layout)], layout.device, info,
                     f"the autotune benchmark of {name} ({len(choices)} choices)",
                     getattr(fallback, "name", type(fallback).__name__))
-        return {c: (0.0 if c is fallback else float("inf")) for c in choices}
+        timings = {c: (0.0 if c is fallback else float("inf")) for c in choices}
+        if getattr(_lookups, "depth", 0):
+            raise _FellBack(timings)  # through upstream's lookup, which then writes none of them
+        return timings
 
     setattr(guarded_autotune, _ORIGINAL_ATTR, original)
     return guarded_autotune
+
+
+class _FellBack(Exception):
+    """An OOM retry's answer, carried past ``PersistentCache.lookup`` so it is never written as timings."""
+
+    def __init__(self, timings: dict[Any, float]) -> None:
+        super().__init__("prescreen: fell back after an out-of-memory benchmark")
+        self.timings = timings
+
+
+#: How many ``lookup`` calls are running on this thread (an OOM retry inside one raises ``_FellBack``).
+_lookups = threading.local()
+
+
+def _wrap_lookup(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``AlgorithmSelectorCache.lookup`` (``PersistentCache.lookup``): upstream writes whatever its benchmark
+    returns to the local autotune cache. After an OOM retry those are not timings (0 for ATen, inf for the
+    rest): written, they would make every later compile pick ATen with no benchmark, whatever prescreen
+    decides then. The retry's answer is returned here instead, and nothing is written."""
+
+    @functools.wraps(original)
+    def guarded_lookup(self: Any, choices: Any, *args: Any, **kwargs: Any) -> Any:
+        depth = getattr(_lookups, "depth", 0)
+        _lookups.depth = depth + 1
+        try:
+            return original(self, choices, *args, **kwargs)
+        except _FellBack as fell:
+            return {c: fell.timings.get(c, float("inf")) for c in choices}
+        finally:
+            _lookups.depth = depth
+
+    setattr(guarded_lookup, _ORIGINAL_ATTR, original)
+    return guarded_lookup
 
 
 # ---------------------------------------------------------------- epilogue fusion
@@ -667,13 +729,15 @@ def _wrap_fusion(original: Callable[..., Any]) -> Callable[..., Any]:
                 plans = plans_for_fusion(self, node1, node2)
                 budget, store = state.budget_for(device), state.get_store()
                 for plan in plans:
-                    outcome = lookup_or_decide(plan, budget, store, wait=False)
+                    outcome = lookup_or_decide(plan, budget, store)
                     if not outcome.decision.tune:
                         state.log_once(outcome.key, logging.WARNING,
                                        "prescreen: skipping the epilogue-fusion benchmark, kernels left unfused: "
                                        "%s: %s [key %s, %s]", plan.kernel_name, outcome.decision.reason,
                                        outcome.key[:12], "store hit" if outcome.hit else "computed")
                         return _no_fusion()
+                if state.plan_only():
+                    return _no_fusion()  # decided and recorded; nothing is benchmarked
         except Exception as exc:  # never break a compile
             state.log_once(f"fusion-error:{type(exc).__name__}", logging.WARNING,
                            "prescreen: epilogue-fusion guard failed (%r); benchmarking as upstream would", exc)
@@ -740,6 +804,7 @@ def patch() -> bool:
     ok = _patch_attr(AlgorithmSelectorCache, "__call__", _CALL_PARAMS, _wrap, "select-algorithm")
     if ok:
         _patch_attr(AlgorithmSelectorCache, "autotune", _AUTOTUNE_PARAMS, _wrap_autotune, "autotune OOM-retry")
+        _patch_attr(AlgorithmSelectorCache, "lookup", _LOOKUP_PARAMS, _wrap_lookup, "autotune-cache")
         _patch_attr(scheduler.Scheduler, "speedup_by_fusion", _FUSION_PARAMS, _wrap_fusion, "epilogue-fusion")
     triton_autotune.patch()
     return ok
@@ -753,6 +818,7 @@ def unpatch() -> None:
     if module is not None:
         _unpatch_attr(module.AlgorithmSelectorCache, "__call__")
         _unpatch_attr(module.AlgorithmSelectorCache, "autotune")
+        _unpatch_attr(module.AlgorithmSelectorCache, "lookup")
     sched = sys.modules.get("torch._inductor.scheduler")
     if sched is not None:
         _unpatch_attr(sched.Scheduler, "speedup_by_fusion")

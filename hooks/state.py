@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import weakref
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 from prescreen.budget import Budget, budget_basis
-from prescreen.service import COUNTERS, Counters, flush_writes
+from prescreen.service import COUNTERS, Counters
 from prescreen.store.base import Store
 
 log = logging.getLogger("prescreen.hooks")
@@ -39,7 +41,6 @@ def configure(*, store: Store | None = None, device_memory: str | int | None = N
     global _store, _store_opened, _store_owned
     with _lock:
         if store is not None:
-            flush_writes()  # what the hooks queued for the store they had reaches it
             _store, _store_opened, _store_owned = store, True, False
         if device_memory is not None:
             _overrides["device_memory"] = device_memory
@@ -58,11 +59,9 @@ def snapshot() -> Snapshot:
 
 
 def restore(saved: Snapshot) -> None:
-    """Put back a :func:`snapshot` (after the queued writes are made); closes a store opened since that the
-    snapshot does not hold."""
+    """Put back a :func:`snapshot`; closes a store opened since that the snapshot does not hold."""
     global _store, _store_opened, _store_owned
     with _lock:
-        flush_writes()
         if _store is not None and _store_owned and _store is not saved[0]:
             _store.close()
         _store, _store_opened, _store_owned = saved[0], saved[1], saved[2]
@@ -72,11 +71,9 @@ def restore(saved: Snapshot) -> None:
 
 
 def reset() -> None:
-    """Forget the store and overrides (after the queued writes are made; the next lookup reopens from the
-    environment)."""
+    """Forget the store and overrides (the next lookup reopens from the environment)."""
     global _store, _store_opened, _store_owned
     with _lock:
-        flush_writes()
         if _store is not None and _store_owned:
             _store.close()
         _store, _store_opened, _store_owned = None, False, False
@@ -86,8 +83,7 @@ def reset() -> None:
 
 
 def get_store() -> Store | None:
-    """The store the hooks use; opened once from the environment (its scan for observed OOMs started in the
-    background). None if it cannot be opened."""
+    """The store the hooks use; opened once from the environment. None if it cannot be opened."""
     global _store, _store_opened, _store_owned
     with _lock:
         if not _store_opened:
@@ -96,7 +92,6 @@ def get_store() -> Store | None:
                 from prescreen.store import open_store
 
                 _store, _store_owned = open_store(), True
-                _store.start_observed_oom_scan()  # on the background writer (``prescreen.store.observed``)
             except Exception as exc:  # a broken store never breaks a compile
                 log.warning("prescreen: decision store unavailable (%s); deciding without a store", exc)
                 _store = None
@@ -149,6 +144,26 @@ def overrides() -> tuple[float | None, int | None]:
         ratio_override(_overrides.get("ratio")),  # type: ignore[arg-type]
         memory_override(_overrides.get("device_memory")),  # type: ignore[arg-type]
     )
+
+
+_planning = False
+
+
+@contextlib.contextmanager
+def planning(on: bool = True) -> Iterator[None]:
+    """Inside the block (``warm --plan-only``), every guard decides and records as usual but benchmarks
+    nothing: it hands upstream its fallback whatever the decision."""
+    global _planning
+    was, _planning = _planning, _planning or on
+    try:
+        yield
+    finally:
+        _planning = was
+
+
+def plan_only() -> bool:
+    """True inside :func:`planning`."""
+    return _planning
 
 
 def log_once(key: str, level: int, msg: str, *args: object) -> None:

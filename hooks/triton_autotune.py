@@ -12,13 +12,11 @@ of the call; the key is the kernel's plan and sizes.
 
 Over budget the first config is taken without benchmarking (upstream's
 smallest safe choice: what runs when autotuning is off); the decision is
-stored like every other. A step whose plan is bound to fit (``clone_bound``:
-every mutated arg cloned) is not looked up at all where the store is known to
-hold no observed OOM (``prescreen.service.screens_without_store``): its
-decision is a sum, and only such a fact could stand against it. An
-out-of-memory error inside the benchmark is caught, the step's clones
-released, the first config taken, and the fact stored as an ``observed_oom``
-fallback under the step's key.
+stored like every other. Every step is looked up (about 0.2 to 0.35 ms), so
+an observed OOM stored under its key, by this process or any other, is what
+the step gets. An out-of-memory error inside the benchmark is caught, the
+step's clones released, the first config taken, and the fact stored as an
+``observed_oom`` fallback under the step's key.
 """
 
 from __future__ import annotations
@@ -26,13 +24,14 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from prescreen.expr import Const
 from prescreen.hooks import oom, state
 from prescreen.plan import KernelPlan, TensorArg, WorkspaceArg
-from prescreen.service import lookup_or_decide, screens_without_store
+from prescreen.service import lookup_or_decide
 
 log = logging.getLogger("prescreen.hooks")
 
@@ -176,17 +175,6 @@ def _mutated_tensors(autotuner: Any, named: list[tuple[str, Any]]) -> list[tuple
     return [(n, v) for n, v in named if n in mutated and isinstance(v, torch.Tensor)]
 
 
-def clone_bound(autotuner: Any, named: list[tuple[str, Any]], device: Any) -> int:
-    """At least the estimate of ``plan_for_autotuner``'s plan, without building it or reading the allocator:
-    a clone of every mutated tensor arg (the headroom rule clones some of these), the flush buffer and
-    the slack. Equal to the estimate where every one is cloned."""
-    from prescreen.hooks.select_algorithm import GPU_SLACK_BYTES, flush_buffer_bytes
-
-    flush = flush_buffer_bytes(device)
-    total = flush + GPU_SLACK_BYTES if flush else 0
-    return total + sum(_clone_bytes(value) for _name, value in _mutated_tensors(autotuner, named))
-
-
 def plan_for_autotuner(
     autotuner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], named: list[tuple[str, Any]] | None = None,
     device: Any = None,
@@ -219,8 +207,19 @@ def _kernel_name(autotuner: Any) -> str:
     return f"autotune:{kernel}"
 
 
+#: ``fallen``: the id of the autotuner whose runtime step on this thread took its first config unbenchmarked.
+_step = threading.local()
+
+
+def _fallen_back(autotuner: Any) -> bool:
+    return getattr(_step, "fallen", None) == id(autotuner)
+
+
 def _first_config(autotuner: Any) -> dict[Any, float]:
-    """Timings that make ``autotune_to_one_config`` keep the first config: 0 for it, inf for the rest."""
+    """Timings that make ``autotune_to_one_config`` keep the first config: 0 for it, inf for the rest.
+
+    Marks the step as fallen back, so that neither its best-config save nor coordinate descent runs."""
+    _step.fallen = id(autotuner)
     return {launcher: (0.0 if i == 0 else float("inf")) for i, launcher in enumerate(autotuner.launchers)}
 
 
@@ -235,37 +234,29 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def guarded_benchmark_all_configs(self: Any, *args: Any, **kwargs: Any) -> Any:
         plan: KernelPlan | None = None
-        screened = False
         device: Any = None
-        named: list[tuple[str, Any]] = []
         try:
             if len(getattr(self, "launchers", ())) > 1:
                 named = _named_args(self, args, kwargs)
                 device = _device_of(named)
                 if getattr(device, "type", "cpu") not in ("cpu", "meta"):
-                    budget, store = state.budget_for(device), state.get_store()
-                    # tunes whatever the store holds: benchmarked below, its plan built only on an OOM
-                    screened = screens_without_store(clone_bound(self, named, device), budget, store)
-                    if not screened:
-                        plan = plan_for_autotuner(self, args, kwargs, named, device)
-                        outcome = lookup_or_decide(plan, budget, store, wait=False)
-                        if not outcome.decision.tune:
-                            state.log_once(outcome.key, logging.WARNING,
-                                           "prescreen: skipping runtime autotuning of %s (%d configs), using %s: "
-                                           "%s [key %s, %s]", plan.kernel_name, len(self.launchers),
-                                           _describe_config(self), outcome.decision.reason, outcome.key[:12],
-                                           "store hit" if outcome.hit else "computed")
-                            return _first_config(self)
+                    plan = plan_for_autotuner(self, args, kwargs, named, device)
+                    outcome = lookup_or_decide(plan, state.budget_for(device), state.get_store())
+                    if not outcome.decision.tune:
+                        state.log_once(outcome.key, logging.WARNING,
+                                       "prescreen: skipping runtime autotuning of %s (%d configs), using %s: "
+                                       "%s [key %s, %s]", plan.kernel_name, len(self.launchers),
+                                       _describe_config(self), outcome.decision.reason, outcome.key[:12],
+                                       "store hit" if outcome.hit else "computed")
+                        return _first_config(self)
+                    if state.plan_only():
+                        return _first_config(self)  # decided and recorded; nothing is benchmarked
         except Exception as exc:  # never break a compile
             state.log_once(f"autotune-error:{type(exc).__name__}", logging.WARNING,
                            "prescreen: runtime-autotune guard failed (%r); benchmarking as upstream would", exc)
-            plan, screened = None, False
+            plan = None
         if plan is not None:
-            planned = plan
-            return _benchmark(original, self, args, kwargs, device, lambda: planned)
-        if screened:
-            return _benchmark(original, self, args, kwargs, device,
-                              lambda: plan_for_autotuner(self, args, kwargs, named, device))
+            return _benchmark(original, self, args, kwargs, device, plan)
         return original(self, *args, **kwargs)
 
     setattr(guarded_benchmark_all_configs, _ORIGINAL_ATTR, original)
@@ -273,9 +264,9 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _benchmark(original: Callable[..., Any], autotuner: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-               device: Any, plan_of: Callable[[], KernelPlan]) -> Any:
+               device: Any, plan: KernelPlan) -> Any:
     """Upstream's benchmark; on an out-of-memory error, the first config, and the fact stored under the
-    step's plan (``plan_of``: built then where the step was screened without one)."""
+    step's ``plan``."""
     try:
         return original(autotuner, *args, **kwargs)
     except Exception as exc:
@@ -287,9 +278,84 @@ def _benchmark(original: Callable[..., Any], autotuner: Any, args: tuple[Any, ..
         autotuner.reset_to_zero_args(*args, **kwargs)  # where upstream leaves the args after benchmarking
     except Exception:
         pass
-    oom.record(lambda: [plan_of()], device, info, f"runtime autotuning of {_kernel_name(autotuner)}",
+    oom.record(lambda: [plan], device, info, f"runtime autotuning of {_kernel_name(autotuner)}",
                _describe_config(autotuner))
     return _first_config(autotuner)
+
+
+def _wrap_one_config(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``autotune_to_one_config``: upstream saves its winner as the kernel's best config, in the local and
+    the remote autotune cache, keyed by the kernel's source alone. A fallback is not a winner: saved, it
+    would be run without benchmarking by every later process, whatever its budget. While the step runs,
+    the save hook is a gate that drops the save where the step fell back."""
+
+    @functools.wraps(original)
+    def guarded_autotune_to_one_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _step.fallen = None
+        hook = getattr(self, "save_cache_hook", None)
+        if hook:
+            def save_unless_fallen_back(*a: Any, **k: Any) -> Any:
+                return None if _fallen_back(self) else hook(*a, **k)
+
+            self.save_cache_hook = save_unless_fallen_back
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            if hook:
+                self.save_cache_hook = hook
+
+    setattr(guarded_autotune_to_one_config, _ORIGINAL_ATTR, original)
+    return guarded_autotune_to_one_config
+
+
+def _wrap_coordesc(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``coordinate_descent_tuning(launcher, *args)``: both max-autotune modes turn it on, and it benchmarks
+    configs around the launcher on clones of the mutated args, as runtime autotuning does. It is guarded
+    by the same decision (the same plan): skipped after a fallback, over budget, or under ``--plan-only``;
+    an OOM inside it keeps the launcher it started from and is stored like any other."""
+
+    @functools.wraps(original)
+    def guarded_coordesc(self: Any, launcher: Any, *args: Any, **kwargs: Any) -> Any:
+        plan: KernelPlan | None = None
+        device: Any = None
+        try:
+            if _fallen_back(self):
+                return launcher
+            named = _named_args(self, args, kwargs)
+            device = _device_of(named)
+            if getattr(device, "type", "cpu") not in ("cpu", "meta"):
+                plan = plan_for_autotuner(self, args, kwargs, named, device)
+                outcome = lookup_or_decide(plan, state.budget_for(device), state.get_store())
+                if not outcome.decision.tune or state.plan_only():
+                    state.log_once(f"coordesc:{outcome.key}", logging.WARNING,
+                                   "prescreen: skipping coordinate descent of %s, keeping %s: %s [key %s]",
+                                   plan.kernel_name, getattr(launcher, "config", launcher),
+                                   outcome.decision.reason, outcome.key[:12])
+                    return launcher
+        except Exception as exc:  # never break a compile
+            state.log_once(f"coordesc-error:{type(exc).__name__}", logging.WARNING,
+                           "prescreen: coordinate-descent guard failed (%r); tuning as upstream would", exc)
+            plan = None
+        if plan is None:
+            return original(self, launcher, *args, **kwargs)
+        try:
+            return original(self, launcher, *args, **kwargs)
+        except Exception as exc:
+            if not oom.is_oom(exc):
+                raise
+            info = oom.info(exc, device)
+        oom.release(device)
+        planned = plan
+        oom.record(lambda: [planned], device, info, f"coordinate descent of {_kernel_name(self)}",
+                   str(getattr(launcher, "config", "the launcher it started from")))
+        return launcher
+
+    setattr(guarded_coordesc, _ORIGINAL_ATTR, original)
+    return guarded_coordesc
+
+
+#: (method, wrapper) pairs beside ``benchmark_all_configs``; each is installed where this torch has it.
+_EXTRA = (("autotune_to_one_config", _wrap_one_config), ("coordinate_descent_tuning", _wrap_coordesc))
 
 
 def patch() -> bool:
@@ -319,6 +385,12 @@ def patch() -> bool:
                     "**kwargs); the runtime-autotune guard is not installed", torch.__version__)
         return False
     CachingAutotuner.benchmark_all_configs = _wrap(current)  # type: ignore[method-assign]
+    for attr, wrap in _EXTRA:
+        method = getattr(CachingAutotuner, attr, None)
+        if method is None:
+            log.warning("prescreen: CachingAutotuner in torch %s has no %s; it is not guarded", torch.__version__, attr)
+        elif not hasattr(method, _ORIGINAL_ATTR):
+            setattr(CachingAutotuner, attr, wrap(method))
     return True
 
 
@@ -330,6 +402,7 @@ def unpatch() -> None:
     if module is None:
         return
     cls = module.CachingAutotuner
-    original = getattr(cls.benchmark_all_configs, _ORIGINAL_ATTR, None)
-    if original is not None:
-        cls.benchmark_all_configs = original
+    for attr in ("benchmark_all_configs", *(name for name, _wrap_fn in _EXTRA)):
+        original = getattr(getattr(cls, attr, None), _ORIGINAL_ATTR, None)
+        if original is not None:
+            setattr(cls, attr, original)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from prescreen import artifact as prescreen_artifact
 from prescreen import families
 from prescreen.budget import Budget, resolve_ratio
 from prescreen.errors import ConfigError, NotBounded
@@ -22,7 +23,7 @@ from prescreen.plan import KernelPlan
 from prescreen.service import OBSERVERS, Outcome, lookup_or_decide
 from prescreen.store.base import Store, StoreStats
 from prescreen.store.entry import Entry
-from prescreen.target import ShapeRange, build, check_device, load_target, shape_points
+from prescreen.target import ShapeRange, build, check_device, check_fits, load_target, shape_points
 
 
 class ReadOnlyStore(Store):
@@ -40,6 +41,10 @@ class ReadOnlyStore(Store):
 
     def lookup(self, key: str) -> Entry | None:
         return self.inner.lookup(key)
+
+    @property
+    def writable(self) -> bool:
+        return False
 
     def put(self, entry: Entry) -> bool:
         return False
@@ -81,8 +86,12 @@ class WarmReport:
     dry_run: bool = False
     store: str = ""
     families: int = 0  # shape families the compiled sizes cover (one bucket per shape)
+    decided_families: int = 0  # of those, the ones whose compile made at least one decision
+    cache_answered: int = 0  # compiles torch's FX/AOTAutograd caches answered (then lowered again to decide)
+    plan_only: bool = False  # every benchmark skipped: the decisions alone (``--plan-only``)
     #: Why nothing was guarded, and what to change, when a compile saw no autotuned kernel.
     hints: list[str] = dataclasses.field(default_factory=list)
+    artifact: prescreen_artifact.Saved | None = None  # what ``--artifact`` wrote
 
     @property
     def kernels(self) -> int:
@@ -123,10 +132,14 @@ class WarmReport:
             "largest_estimated_bytes": self.largest,
             "compiles": self.compiles,
             "families": self.families,
+            "decided_families": self.decided_families,
+            "cache_answered": self.cache_answered,
+            "plan_only": self.plan_only,
             "seconds": round(self.seconds, 3),
             "dry_run": self.dry_run,
             "store": self.store,
             "hints": list(self.hints),
+            "artifact": dataclasses.asdict(self.artifact) if self.artifact else None,
             "decisions": [dataclasses.asdict(r) for r in self.unique()],
         }
 
@@ -224,6 +237,40 @@ def why_nothing_was_guarded(device: str, mode: str, settings: Mapping[str, Any])
     return hints
 
 
+#: Inductor's counters that say torch's caches answered a compile (so nothing was lowered, nothing decided).
+CACHE_HIT_COUNTERS = (("inductor", "fxgraph_cache_hit"), ("aot_autograd", "autograd_cache_hit"))
+
+
+def _cache_hits() -> int:
+    from torch._dynamo.utils import counters
+
+    return sum(int(counters[group][name]) for group, name in CACHE_HIT_COUNTERS)
+
+
+@contextlib.contextmanager
+def _torch_caches_bypassed() -> Iterator[None]:
+    """Neither read nor write the FX graph and AOTAutograd caches (local or remote) inside the block."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+
+    inductor_off = {k: False for k in ("fx_graph_cache", "fx_graph_remote_cache") if hasattr(inductor_config, k)}
+    aot_off = {k: False for k in ("enable_autograd_cache", "enable_remote_autograd_cache")
+               if hasattr(functorch_config, k)}
+    with inductor_config.patch(inductor_off), functorch_config.patch(aot_off):
+        yield
+
+
+def _compile_point(fn: Callable[..., Any], sizes: dict[str, int], device: str, mode: str) -> None:
+    """One fresh compile of the target at ``sizes`` (dynamo reset first, so nothing in memory answers)."""
+    import torch
+
+    model, inputs = build(fn, sizes, device)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, dynamic=True, mode=mode)
+    with torch.no_grad(), families.naming(sizes):
+        compiled(*inputs)  # type: ignore[no-untyped-call]
+
+
 def warm_model(
     target: str,
     shapes: tuple[ShapeRange, ...],
@@ -238,43 +285,67 @@ def warm_model(
     inductor_config: Mapping[str, Any] | None = None,
     verbose: bool = False,
     progress: Callable[[int, int, dict[str, int]], None] | None = None,
+    plan_only: bool = False,
+    artifact: str | None = None,
 ) -> WarmReport:
     """Compile ``target`` once per shape point (fresh each time) with the hooks on.
 
+    Torch's caches stay at their defaults, so the warm fills them for deployment too. Their keys do not
+    hold size hints: a compile at another family's sizes is answered by the first one's FX graph and
+    lowers nothing, so prescreen would decide nothing for that family. A compile the FX graph or
+    AOTAutograd cache answered is therefore lowered once more with those two caches bypassed (neither
+    read nor written), and counted in ``cache_answered``.
+
+    ``plan_only``: every guarded step decides as usual but benchmarks nothing (the fallback is taken
+    for the compile itself, and torch's caches are off so that compile's output is kept nowhere).
+
+    ``artifact``: at the end, write one file for deployment (``prescreen.artifact``) holding torch's
+    mega-cache (``torch.compiler.save_cache_artifacts()``: every compile of this process so far) and
+    the stored decisions this warm saw.
+
     A target that raises, or a compile that fails, is a ``ConfigError`` naming the sizes and the cause.
     """
-    import torch
     from torch._inductor import config as inductor_settings
 
     from prescreen.hooks import activation, state
 
     resolve_ratio(ratio)  # a bad ratio is an error before any compile
     check_device(device)
+    if artifact is not None:
+        _check_artifact(artifact, dry_run, plan_only)
     fn = load_target(target)
     used = ReadOnlyStore(store) if dry_run else store
     report = WarmReport(dry_run=dry_run, store=store.location)
     grid = select_points(shapes, points)
+    check_fits(fn, grid, device)  # a range too large for the device is refused before anything is built
     report.families = families_covered(grid) if shapes else 0
     settings = _settings(inductor_config, verbose)
+    if plan_only:
+        settings["force_disable_caches"] = True
+    report.plan_only = plan_only
     start = time.perf_counter()
     was_active = activation.is_installed()
     activation.install(store=used, device_memory=device_memory, ratio=ratio)
     try:
-        with inductor_settings.patch(settings), warnings.catch_warnings(), _decision_lines_held(not verbose):
+        with inductor_settings.patch(settings), warnings.catch_warnings(), _decision_lines_held(not verbose), \
+                state.planning(plan_only):
             if not verbose:
                 warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.")
             for i, sizes in enumerate(grid):
                 if progress:
                     progress(i, len(grid), sizes)
-                model, inputs = build(fn, sizes, device)
                 observer = _observer(report, sizes)
                 OBSERVERS.append(observer)
+                seen = len(report.records)
                 try:
-                    torch._dynamo.reset()
-                    compiled = torch.compile(model, dynamic=True, mode=mode)
-                    with torch.no_grad(), families.naming(sizes):
-                        compiled(*inputs)  # type: ignore[no-untyped-call]
+                    hits = _cache_hits()
+                    _compile_point(fn, sizes, device, mode)
                     report.compiles += 1
+                    if _cache_hits() > hits:  # torch's caches answered: lower again, to decide this family
+                        report.cache_answered += 1
+                        with _torch_caches_bypassed():
+                            _compile_point(fn, sizes, device, mode)
+                    report.decided_families += len(report.records) > seen
                 except ConfigError:
                     raise
                 except Exception as exc:
@@ -293,7 +364,26 @@ def warm_model(
     report.seconds = time.perf_counter() - start
     if report.compiles and not report.records:
         report.hints = why_nothing_was_guarded(device, mode, settings)
+    if artifact is not None:
+        report.artifact = _write_artifact(artifact, store, report)
     return report
+
+
+def _check_artifact(path: str, dry_run: bool, plan_only: bool) -> None:
+    """An artifact this warm could not fill is an error before any compile."""
+    if dry_run:
+        raise ConfigError("--artifact needs the decisions stored: it does not go with --dry-run")
+    if plan_only:
+        raise ConfigError("--artifact holds the compiles' torch caches, and --plan-only keeps none")
+    prescreen_artifact.check_writable(path)
+
+
+def _write_artifact(path: str, store: Store, report: WarmReport) -> prescreen_artifact.Saved:
+    """torch's mega-cache and the decisions the warm saw (``report.records``' keys), in one file."""
+    import torch
+
+    saved = torch.compiler.save_cache_artifacts()
+    return prescreen_artifact.save(path, store, [r.key for r in report.records], saved[0] if saved else None)
 
 
 def load_plans(path: str | Path) -> list[KernelPlan]:

@@ -1,0 +1,170 @@
+"""The deployment flow on a real GPU: warm with --artifact, load it on a fresh replica, compile, compare.
+
+Run on a CUDA machine with transformers installed (random weights, nothing downloaded):
+
+    python -P bench/gpu_deploy.py --out results.md
+
+Every step is its own process with its own ``TORCHINDUCTOR_CACHE_DIR`` and ``PRESCREEN_CACHE_DIR``, as
+machines of a fleet would be. It prints one table:
+
+1. ``warm``: ``prescreen warm`` over the batch families with ``--artifact`` (caches at their defaults);
+2. ``plan-only``: the same warm with ``--plan-only`` in fresh dirs (the fast audit);
+3. ``cold``: a replica with empty dirs and no artifact compiles each family with the hooks on;
+4. ``replica``: empty dirs, ``prescreen load`` the artifact, then the same compiles;
+5. ``small``: like ``replica`` but with a device memory of 1 GiB: its budget differs, so torch's cache keys
+   differ and it decides for itself (no fallback or tuning of the big budget reused).
+
+For each: wall time, autotune benchmarks run (Inductor's ``benchmarking.*`` and coordinate-descent
+counters), prescreen lookups / computed decisions / fallbacks, FX graph cache hits, and whether the
+outputs equal the cold replica's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve()
+MODE = "max-autotune-no-cudagraphs"
+BATCHES = (2, 4, 8, 16)  # one per family of batch=2..16 under the default power-of-two buckets
+SEQ = 128
+
+
+def gpt2(batch: int = 2, device: str = "cuda") -> tuple[Any, tuple[Any, ...]]:
+    """A 4-layer GPT-2 (HF transformers config, random weights) over ``batch`` sequences of 128 tokens."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=4, n_embd=512, n_head=8, vocab_size=8192, n_positions=SEQ, use_cache=False)
+    model = GPT2LMHeadModel(config).to(device).half().eval()
+    ids = torch.randint(0, config.vocab_size, (batch, SEQ), device=device)
+    return _Logits(model), (ids,)
+
+
+class _Logits:
+    """The logits alone (a tensor, so outputs compare and compile without HF's output classes)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def __call__(self, ids: Any) -> Any:
+        return self.model(input_ids=ids).logits
+
+
+def _compile_all() -> None:
+    """A replica: compile each family once with the hooks on; print counters and outputs' digests."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    import prescreen
+    from prescreen.hooks import state
+
+    load = os.environ.get("DEPLOY_LOAD")
+    if load:
+        prescreen.load(load)
+    prescreen.install()
+    digests = []
+    start = time.perf_counter()
+    for batch in BATCHES:
+        model, inputs = gpt2(batch)
+        torch._dynamo.reset()
+        with torch.no_grad():
+            out = torch.compile(model, dynamic=True, mode=MODE)(*inputs)
+            torch.cuda.synchronize()
+        digests.append(out.float().abs().mean().item())
+    seconds = time.perf_counter() - start
+    c = state.counters()
+    ind = counters["inductor"]
+    print("RESULT " + json.dumps({
+        "seconds": seconds, "lookups": c.lookups, "computed": c.estimator_calls, "fell_back": c.fell_back,
+        "benchmarks": sum(v for k, v in ind.items() if k.startswith("benchmarking.")) + ind["coordesc_tuning_bench"],
+        "fx_hit": ind["fxgraph_cache_hit"], "digests": digests, "tag": torch.compiler.config.cache_key_tag,
+    }), flush=True)
+
+
+def _env(root: Path, name: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PRESCREEN", "TORCHINDUCTOR"))}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(root / name / "inductor"), PRESCREEN_CACHE_DIR=str(root / name / "store"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")])), **extra)
+    return env
+
+
+def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
+        raise SystemExit(f"{' '.join(cmd[:4])} failed with {proc.returncode}")
+    return seconds, proc.stdout
+
+
+def _warm(root: Path, name: str, *extra: str) -> dict[str, Any]:
+    cmd = [sys.executable, "-P", "-c", "from prescreen.cli import main; main()", "warm", "gpu_deploy:gpt2", "--device", "cuda",
+           "--shape", f"batch={BATCHES[0]}..{BATCHES[-1]}", "--mode", MODE, "--json", *extra]
+    seconds, out = _run(cmd, _env(root, name))
+    report: dict[str, Any] = json.loads(out[out.index("{"):])
+    report["wall"] = seconds
+    return report
+
+
+def _replica(root: Path, name: str, **extra: str) -> dict[str, Any]:
+    seconds, out = _run([sys.executable, "-P", str(HERE), "--replica"], _env(root, name, **extra))
+    line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
+    result: dict[str, Any] = json.loads(line[7:])
+    result["wall"] = seconds
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--replica", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help="Also write the table (markdown) here.")
+    opts = parser.parse_args()
+    if opts.replica:
+        _compile_all()
+        return
+    root = Path(tempfile.mkdtemp(prefix="gpu-deploy-"))
+    artifact = root / "deploy.prescreen"
+    try:
+        warm = _warm(root, "warm", "--artifact", str(artifact))
+        plan = _warm(root, "plan", "--plan-only")
+        cold = _replica(root, "cold")
+        replica = _replica(root, "replica", DEPLOY_LOAD=str(artifact))
+        small = _replica(root, "small", DEPLOY_LOAD=str(artifact), PRESCREEN_DEVICE_MEMORY="1GiB")
+        rows = [
+            "| step | wall s | compile s | benchmarks | lookups | computed | fallbacks | FX hits | outputs = cold |",
+            "|---|---|---|---|---|---|---|---|---|",
+            f"| warm --artifact ({warm['families']} families) | {warm['wall']:.1f} | {warm['seconds']:.1f} | | "
+            f"{warm['lookups']} | {warm['decisions_made']} | {warm['fell_back']} | {warm['cache_answered']} answered | |",
+            f"| warm --plan-only | {plan['wall']:.1f} | {plan['seconds']:.1f} | | {plan['lookups']} | "
+            f"{plan['decisions_made']} | {plan['fell_back']} | | |",
+        ]
+        for name, r in (("cold replica", cold), ("replica + load", replica), ("replica + load, 1 GiB", small)):
+            same = all(abs(a - b) <= 1e-2 * max(1.0, abs(b)) for a, b in zip(r["digests"], cold["digests"]))
+            rows.append(f"| {name} | {r['wall']:.1f} | {r['seconds']:.1f} | {r['benchmarks']} | {r['lookups']} | "
+                        f"{r['computed']} | {r['fell_back']} | {r['fx_hit']} | {same} |")
+        rows.append("")
+        rows.append(f"plan-only / full warm (compile seconds): {plan['seconds'] / warm['seconds']:.3f}; "
+                    f"replica + load / cold compile: {replica['seconds'] / cold['seconds']:.3f}; "
+                    f"artifact {artifact.stat().st_size / 2**20:.1f} MiB")
+        text = "\n".join(rows)
+        print(text)
+        if opts.out:
+            Path(opts.out).write_text(text + "\n\n" + json.dumps(
+                {"warm": warm, "plan": plan, "cold": cold, "replica": replica, "small": small}, default=str) + "\n")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""prescreen beside torch's own compile caches, left at their defaults (FX graph, AOTAutograd, mega-cache,
+the local autotune timing cache), in real processes on CPU.
+
+The model (``examples/tiny_models.py:pair_bmm``) is a bmm Inductor autotunes on CPU without ``freezing``
+(C++ template vs ATen), so its compile is one the FX graph and AOTAutograd caches keep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "tests/scripts/cached_compile.py"
+pytestmark = pytest.mark.slow
+TINY = "1e-9"  # a ratio under which every selection falls back
+
+
+def run(inductor: Path, store: Path, memory: str, ratio: str, sizes: str = "8", *extra: str) -> dict[str, Any]:
+    """One process compiling ``pair_bmm`` at ``sizes`` with the hooks installed; its RESULT line."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PRESCREEN", "TORCHINDUCTOR", "TORCH_COMPILE"))}
+    env.update(PRESCREEN_CACHE_DIR=str(store), TORCHINDUCTOR_CACHE_DIR=str(inductor),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "examples"), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, str(SCRIPT), memory, ratio, sizes, *extra], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=inductor.parent)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line, proc.stderr[-4000:]
+    result: dict[str, Any] = json.loads(line[7:])
+    result["stderr"] = proc.stderr
+    assert result["equal"]
+    return result
+
+
+def test_a_fallback_does_not_leak_to_a_process_with_another_budget(tmp_path: Path) -> None:
+    inductor, store = tmp_path / "inductor", tmp_path / "store"
+    a = run(inductor, store, "64GiB", TINY)
+    assert a["fell_back"] >= 1 and a["fx_miss"] >= 1 and a["benchmarks"] == 0
+    b = run(inductor, store, "64GiB", "0.25")  # another budget: its own FX key, its own decision
+    assert b["fx_hit"] == 0 and b["lookups"] >= 1 and b["fell_back"] == 0 and b["benchmarks"] > 0
+    assert a["tags"][0] != b["tags"][0] and all(t.startswith("prescreen-") for t in a["tags"] + b["tags"])
+    c = run(inductor, store, "64GiB", TINY)  # the same budget reuses A's compile: nothing to decide
+    assert c["fx_hit"] >= 1 and c["lookups"] == 0 and c["benchmarks"] == 0
+
+
+def test_a_users_own_tag_is_kept_and_prescreens_appended(tmp_path: Path) -> None:
+    env_tag = "team-a"
+    os.environ["TORCH_COMPILE_CACHE_KEY_TAG"] = env_tag
+    try:
+        script = ("import torch, prescreen\nfrom prescreen.hooks import cache_tag\n"
+                  "prescreen.install(device_memory='64GiB', ratio=0.25)\n"
+                  "print(cache_tag.apply(torch.device('cpu')), torch.compiler.config.cache_key_tag)\n"
+                  "prescreen.uninstall()\nprint(torch.compiler.config.cache_key_tag)\n")
+        env = dict(os.environ, PRESCREEN_CACHE_DIR=str(tmp_path / "s"))
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                             timeout=300).stdout.split()
+    finally:
+        del os.environ["TORCH_COMPILE_CACHE_KEY_TAG"]
+    ours, tag, after = out
+    assert ours.startswith("prescreen-") and tag == f"{env_tag}+{ours}" and after == env_tag
+
+
+def test_the_mega_cache_carries_no_fallback_to_a_machine_with_another_budget(tmp_path: Path) -> None:
+    artifact = tmp_path / "megacache.bin"
+    a = run(tmp_path / "ind-a", tmp_path / "store-a", "64GiB", TINY, "8", "--save", str(artifact))
+    assert a["fell_back"] >= 1 and artifact.stat().st_size > 0
+    other = run(tmp_path / "ind-b", tmp_path / "store-b", "64GiB", "0.25", "8", "--load", str(artifact))
+    assert other["fx_hit"] == 0 and other["lookups"] >= 1 and other["fell_back"] == 0 and other["benchmarks"] > 0
+    same = run(tmp_path / "ind-c", tmp_path / "store-c", "64GiB", TINY, "8", "--load", str(artifact))
+    assert same["fx_hit"] >= 1 and same["lookups"] == 0 and same["benchmarks"] == 0
+
+
+def _local_timings(inductor: Path) -> dict[str, Any]:
+    files = list((inductor / "cache").glob("*"))
+    assert len(files) == 1, files
+    found: dict[str, Any] = json.loads(files[0].read_text())["cache"]
+    return found
+
+
+def test_an_oom_retry_writes_no_timings_so_a_larger_device_tunes_again(tmp_path: Path) -> None:
+    inductor, store = tmp_path / "inductor", tmp_path / "store"
+    a = run(inductor, store, "64GiB", "0.25", "8", "--oom")
+    assert "ran out of memory" in a["stderr"] and a["benchmarks"] == 0
+    assert not (inductor / "cache").exists() or not _local_timings(inductor).get("bmm")
+    b = run(inductor, store, "128GiB", "0.25")  # the README's advice: a larger device
+    assert b["fx_hit"] == 0 and b["fell_back"] == 0 and b["benchmarks"] > 0
+
+
+def test_where_every_choice_has_a_cached_timing_upstream_chooses(tmp_path: Path) -> None:
+    inductor, store = tmp_path / "inductor", tmp_path / "store"
+    a = run(inductor, store, "64GiB", "0.25")
+    assert a["benchmarks"] > 0
+    # Make the template the cached winner, whatever this machine measured.
+    path = next((inductor / "cache").glob("*"))
+    data = json.loads(path.read_text())
+    for per_precision in data["cache"]["bmm"].values():
+        for timings in per_precision.values():
+            for choice in timings:
+                timings[choice] = 1.0 if choice.startswith("bmm") or "aten" in choice.lower() else 0.001
+    path.write_text(json.dumps(data))
+    b = run(inductor, store, "64GiB", TINY)  # would fall back: but upstream benchmarks nothing here
+    assert b["fx_hit"] == 0 and b["lookups"] >= 1 and b["benchmarks"] == 0
+    assert b["template"] == 1 and b["extern"] == 0
+
+
+WARM = """
+import json, sys
+from torch._dynamo.utils import counters
+from prescreen.store import DiskStore
+from prescreen.target import parse_shape
+from prescreen.warm import warm_model
+report = warm_model("tiny_models:pair_bmm", (parse_shape("batch=4..16"),), DiskStore(sys.argv[1]),
+                    device_memory="64GiB", ratio=float(sys.argv[2]), plan_only=sys.argv[3] == "plan")
+out = report.to_json()
+out["benchmarks"] = sum(v for k, v in counters["inductor"].items() if k.startswith("benchmarking."))
+print("RESULT " + json.dumps(out))
+"""
+
+
+def warm(tmp_path: Path, ratio: str, how: str = "full") -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PRESCREEN", "TORCHINDUCTOR", "TORCH_COMPILE"))}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "examples"), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-c", WARM, str(tmp_path / "store"), ratio, how], env=env,
+                          capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line, proc.stderr[-4000:]
+    result: dict[str, Any] = json.loads(line[7:])
+    return result
+
+
+def test_warm_decides_every_family_with_the_caches_on_and_again_under_another_budget(tmp_path: Path) -> None:
+    first = warm(tmp_path, "0.25")
+    assert first["families"] == 3 and first["compiles"] == 3
+    assert first["decisions_made"] == 3 and first["decided_families"] == 3
+    assert first["cache_answered"] == 2  # batch 8 and 16 were answered by batch 4's FX graph, then lowered again
+    other = warm(tmp_path, TINY)  # another budget: its own torch cache keys, its own decisions
+    assert other["decisions_made"] == 3 and other["fell_back"] == 3 and other["cache_answered"] == 2
+    assert not other["hints"]
+
+
+def test_plan_only_decides_every_family_and_benchmarks_nothing(tmp_path: Path) -> None:
+    planned = warm(tmp_path, "0.25", "plan")
+    assert planned["plan_only"] and planned["decisions_made"] == 3 and planned["tuned"] == 3
+    assert planned["benchmarks"] == 0 and planned["cache_answered"] == 0
+    assert not (tmp_path / "inductor" / "cache").exists()  # no timings written
