@@ -49,7 +49,6 @@ bench: install
 	$(VPY) -P bench/bench_store.py
 	$(VPY) -P bench/bench_first_lookup.py
 	$(VPY) -P bench/bench_cold_lookup.py
-	$(VPY) -P bench/bench_runtime_screen.py
 	$(VPY) -P bench/bench_hooks.py
 
 # mypy sees the package as it is installed: hooks/ is the import package prescreen.hooks.

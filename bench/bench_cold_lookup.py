@@ -94,7 +94,7 @@ def timed(call: Callable[[int], Any], prepare: Callable[[int], Any], samples: in
 def measure(store: DiskStore, plans: list[KernelPlan], budget: Budget, n: int) -> list[tuple[str, dict[str, float]]]:
     """The rows for one kind of plan (64 of them, their decisions stored first)."""
     for p in plans:
-        lookup_or_decide(p, budget, store, wait=True)
+        lookup_or_decide(p, budget, store)
     keys = [build_key(p, budget)[0] for p in plans]
     texts = [str(store._read(k)) for k in keys]
     heads = [t.partition("\n")[0] for t in texts]

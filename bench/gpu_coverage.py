@@ -325,23 +325,10 @@ class GuardClock:
         return {k: self.outer_cpu[k] - self.inner_cpu[k] for k in self.wrapped}
 
 
-def writer_cpu_seconds() -> float:
-    """CPU seconds prescreen's background store writer has used so far (0 before it starts)."""
-    from prescreen.store import writer
-
-    thread = writer._queue.thread
-    if thread is None or thread.ident is None or not thread.is_alive():
-        return 0.0
-    try:
-        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
-    except (OSError, AttributeError):
-        return 0.0
-
-
 def trace_lookups() -> None:
     """With ``--trace-lookups``: one line per lookup that reads the store or decides (plan, groups, hit, ms
-    past the key, and the calling thread's CPU ms of them), with the garbage collector's time inside it,
-    the background store writer's CPU meanwhile and the threads alive (others may hold the GIL)."""
+    past the key, and the calling thread's CPU ms of them), with the garbage collector's time inside it
+    and the threads alive (others may hold the GIL)."""
     import gc
     import threading
 
@@ -359,18 +346,18 @@ def trace_lookups() -> None:
     gc.callbacks.append(on_gc)
 
     def traced(plan: Any, *rest: Any) -> Any:
-        writer_before, cpu_before = writer_cpu_seconds(), time.thread_time()
+        cpu_before = time.thread_time()
         start, gc_before = time.perf_counter(), collected["seconds"]
         out = inner(plan, *rest)
         elapsed = time.perf_counter() - start
-        cpu, writer = time.thread_time() - cpu_before, writer_cpu_seconds() - writer_before
+        cpu = time.thread_time() - cpu_before
         groups = 1
         for feature in plan.group_features:
             groups *= len(feature.buckets) + 1
         print(f"  lookup {plan.kernel_name[:40]:40s} features {len(plan.group_features)} groups <= {groups} "
               f"args {len(plan.args)} hit {out.hit} {1e3 * elapsed:.2f} ms, CPU {1e3 * cpu:.2f} ms "
-              f"(gc {1e3 * (collected['seconds'] - gc_before):.2f} ms; store writer's CPU meanwhile "
-              f"{1e3 * writer:.2f} ms; threads {threading.active_count()})", flush=True)
+              f"(gc {1e3 * (collected['seconds'] - gc_before):.2f} ms; threads {threading.active_count()})",
+              flush=True)
         return out
 
     service._lookup_or_decide = traced
@@ -490,7 +477,6 @@ def run_case(name: str, meter: Meter, clock: GuardClock) -> dict[str, Any]:
     largest_before = COUNTERS.largest_estimate
     COUNTERS.largest_estimate = 0
     lookup_before, guard_before, cpu_before = COUNTERS.seconds, clock.split(), clock.split_cpu()
-    writer_before = writer_cpu_seconds()
     start = time.perf_counter()
     row: dict[str, Any] = {"case": name}
     try:
@@ -517,16 +503,11 @@ def run_case(name: str, meter: Meter, clock: GuardClock) -> dict[str, Any]:
     row["guard_ms_by_wrapper"] = {k: round(v * 1000, 3) for k, v in split.items()}
     row["lookup_ms"] = round((COUNTERS.seconds - lookup_before) * 1000, 3)
     row["guard_share"] = f"{guard / max(elapsed, 1e-9):.4%}"
-    # CPU time: the compiling thread's in prescreen's code, and the background writer's (its queued writes
-    # made before the count); the wall time above also holds waits for the GIL other threads held
-    from prescreen.service import flush_writes
-
-    flush_writes()
+    # CPU time: the compiling thread's in prescreen's code (its store writes included: they are synchronous);
+    # the wall time above also holds waits for the GIL other threads held
     guard_cpu = sum(v - cpu_before.get(k, 0.0) for k, v in clock.split_cpu().items())
-    writer_cpu = max(writer_cpu_seconds() - writer_before, 0.0)
     row["guard_cpu_ms"] = round(guard_cpu * 1000, 2)
-    row["writer_cpu_ms"] = round(writer_cpu * 1000, 2)
-    row["guard_cpu_share"] = f"{(guard_cpu + writer_cpu) / max(elapsed, 1e-9):.4%}"
+    row["guard_cpu_share"] = f"{guard_cpu / max(elapsed, 1e-9):.4%}"
     row["largest_lookup_estimate"] = COUNTERS.largest_estimate
     COUNTERS.largest_estimate = max(largest_before, COUNTERS.largest_estimate)
     row["steps"] = list(meter.steps)
@@ -613,13 +594,13 @@ def main() -> None:
                 json.dump(rows, fh, indent=1)
     print("\n| case | ok | estimate MiB | whole-compile peak MiB | of which first-call output MiB | "
           "step peak MiB (largest step) | estimate / step peak | min over steps | steps | s | guard ms | guard share | "
-          "guard CPU ms (compile thread + writer) | CPU share |")
+          "guard CPU ms (compile thread) | CPU share |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['case']} | {r['ok']} | {mib(r['estimate'])} | {mib(r['whole_peak'])} | "
               f"{mib(r.get('output_bytes'))} | {mib(r['step_peak'])} ({r['step']}) | {r['ratio']} | "
               f"{r['min_ratio']} | {len(r['steps'])} | {r['seconds']} | {r.get('guard_ms')} | {r.get('guard_share')} | "
-              f"{r.get('guard_cpu_ms')} + {r.get('writer_cpu_ms')} | {r.get('guard_cpu_share')} |")
+              f"{r.get('guard_cpu_ms')} | {r.get('guard_cpu_share')} |")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)

@@ -147,7 +147,7 @@ def guard(self: Any, inductor_meta: dict[str, Any], device: Any, original: Calla
         _check_semantics()
         budget = npu_budget(original, device)
         plan = KernelPlan.from_payload(inductor_meta, unknown_keys="ignore")
-        outcome = lookup_or_decide(plan, budget, state.get_store(), wait=False)
+        outcome = lookup_or_decide(plan, budget, state.get_store())
     except Defer as exc:
         state.log_once(f"npu-defer:{exc}", logging.INFO, "prescreen: %s; using torch_npu's own check", exc)
         original(self, inductor_meta, device)

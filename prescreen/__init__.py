@@ -32,15 +32,17 @@ _EXPORTS: dict[str, str] = {
     "install": "prescreen.hooks.activation",
     "uninstall": "prescreen.hooks.activation",
     "installed": "prescreen.hooks.activation",
+    "load": "prescreen.artifact",
 }
 
 __all__ = [
     "Budget", "ConfigError", "Decision", "ESTIMATOR_VERSION", "Footprint", "KernelPlan", "NotBounded",
     "Reason", "Representatives", "build_representatives", "decide", "device_memory", "estimate_footprint",
-    "install", "installed", "parse_memory", "required_storage_numel", "resolve_ratio", "uninstall",
+    "install", "installed", "load", "parse_memory", "required_storage_numel", "resolve_ratio", "uninstall",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
+    from prescreen.artifact import load
     from prescreen.budget import Budget, device_memory, parse_memory, resolve_ratio
     from prescreen.decision import ESTIMATOR_VERSION, Decision, decide
     from prescreen.errors import ConfigError, NotBounded, Reason

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import datetime
 import itertools
+import logging
+import math
 import socket
 import threading
 import time
@@ -18,9 +21,19 @@ from prescreen.errors import NotBounded, Reason
 from prescreen.key import KeyParts, build_key
 from prescreen.plan import KernelPlan
 from prescreen.representatives import Representatives
-from prescreen.store import writer
 from prescreen.store.base import BEFORE_HITS_READ, Store
 from prescreen.store.entry import Entry
+
+log = logging.getLogger("prescreen")
+
+#: How long ``record_observed_oom`` keeps trying to write a fact through a locked or failing store (the disk
+#: store's own put also waits through a lock, ``DiskStore.write_wait``).
+FACT_WAIT_SECONDS = 5.0
+#: How often a fact this process could not write is tried again, at a lookup (and once more at exit).
+FACT_RETRY_SECONDS = 30.0
+#: How long a ``tune`` is answered from this process's memory before the store is read again for it: another
+#: process's (or replica's) observed OOM under that key is served within this.
+TUNE_RECHECK_SECONDS = 5.0
 
 
 @dataclasses.dataclass
@@ -37,7 +50,6 @@ class Counters:
     not_bounded: int = 0
     largest_estimate: int = 0
     observed_oom: int = 0  # guarded benchmarks that ran out of memory and were redone with the fallback
-    screened: int = 0  # concrete steps that fit, tuned without the store (``screens_without_store``)
     seconds: float = 0.0  # wall time spent inside lookup_or_decide
 
 
@@ -99,11 +111,13 @@ class _Hit:
     one calls ``next`` on it, and ``_fold`` calls it once more to read how many came since it last did.
     """
 
-    __slots__ = ("outcome", "tuned", "fell_back", "not_bounded", "estimate", "ticks", "seen")
+    __slots__ = ("outcome", "tuned", "fell_back", "not_bounded", "estimate", "ticks", "seen", "until")
 
     def __init__(self, outcome: Outcome) -> None:
         d = outcome.decision
         self.outcome = outcome
+        # A tune is answered from memory until then; a fallback for good (nothing loosens a decision).
+        self.until = time.monotonic() + TUNE_RECHECK_SECONDS if d.tune else math.inf
         self.tuned = 1 if d.tune else 0
         self.fell_back = 0 if d.tune else 1
         self.not_bounded = 0 if d.bounded else 1
@@ -188,12 +202,8 @@ _memos: dict[int, _Memo] = {}
 
 
 def forget(store: Store | None = None) -> None:
-    """Drop the in-process memo of ``store``'s decisions (of every store when None).
-
-    Waits for the writes ``lookup_or_decide(..., wait=False)`` queued first: what
-    is read next is what the store holds.
-    """
-    writer.flush(store, writer.EXIT_FLUSH_SECONDS)
+    """Drop the in-process memo of ``store``'s decisions (of every store when None): what is read next is
+    what the store holds (and the facts this process could not write, ``record_observed_oom``)."""
     with _lock:
         if store is None:
             for memo in _memos.values():
@@ -238,9 +248,7 @@ def _count_hit(hit: _Hit, store: Store, plan: KernelPlan) -> Outcome:
     return _observed(hit.outcome, plan) if OBSERVERS else hit.outcome
 
 
-def lookup_or_decide(
-    plan: KernelPlan, budget: Budget, store: Store | None, *, write: bool = True, wait: bool = True
-) -> Outcome:
+def lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, *, write: bool = True) -> Outcome:
     """The decision for ``plan`` under ``budget``: from ``store`` on a hit, else computed (and stored).
 
     A plan this process already looked up (or stored) in this ``store`` object is
@@ -248,20 +256,21 @@ def lookup_or_decide(
     budget object) again from what the plan object remembers of its last lookup
     (``KernelPlan.cache``; no hashing at all), an equal plan object by its key
     (see ``prescreen.key.build_key``). The memo is replaced on every put made here
-    (so an observed_oom recorded in this process is seen at once); changes made by
-    other processes, or directly on the store object, are not seen until ``forget``
-    (or a new store object). Answers from memory are counted in ``COUNTERS`` but
-    not timed (``seconds``): each takes well under a microsecond.
+    (so an observed_oom recorded in this process is seen at once); a ``tune``
+    is answered from memory for ``TUNE_RECHECK_SECONDS``, then read from the store
+    again, so another process's observed OOM (written there, or through a tiered
+    store's remote) is served within that; a fallback is kept. Other changes made
+    by other processes, or directly on the store object, are seen after ``forget``
+    (or with a new store object). Answers from memory are counted in ``COUNTERS``
+    but not timed (``seconds``): each takes well under a microsecond.
 
-    ``wait=False`` (what the hooks pass) queues a computed decision's write on the
-    background writer (``prescreen.store.writer``) instead of waiting for it: the
-    decision is remembered at once, ``COUNTERS.stored`` counts it once written,
-    and ``flush_writes`` waits for the queue.
+    A computed decision is written before this returns (a put, about 0.1 ms).
     """
     cache = plan._cache
     if cache is not None:
         last = cache.lookup
-        if last is not None and last[1] is budget and store is not None and last[0] is store.memo_token:
+        if (last is not None and last[1] is budget and store is not None and last[0] is store.memo_token
+                and last[2].until > time.monotonic()):
             hit: _Hit = last[2]
             next(hit.ticks)  # counted in COUNTERS and in the store's hits when they are next read (``_fold``)
             global _unfolded
@@ -273,7 +282,7 @@ def lookup_or_decide(
     if store is not None and memo is not None and memo.store() is store:
         token = memo.token
         found = memo.outcomes.get(key)
-        if found is not None:
+        if found is not None and found.until > time.monotonic():
             with _lock:
                 if memo.token is token:
                     plan.cache.lookup = (token, budget, found)
@@ -286,7 +295,7 @@ def lookup_or_decide(
                 _RAW_COUNTS["seconds"] += time.perf_counter() - start
             return outcome
     try:
-        return _lookup_or_decide(plan, budget, store, write, wait, key, parts)
+        return _lookup_or_decide(plan, budget, store, write, key, parts)
     finally:
         elapsed = time.perf_counter() - start
         with _lock:
@@ -294,10 +303,18 @@ def lookup_or_decide(
 
 
 def _lookup_or_decide(
-    plan: KernelPlan, budget: Budget, store: Store | None, write: bool, wait: bool, key: str, parts: KeyParts
+    plan: KernelPlan, budget: Budget, store: Store | None, write: bool, key: str, parts: KeyParts
 ) -> Outcome:
-    # A computed decision is only ever *added* (``Store.put`` keeps a valid entry already
-    # there), so a stored observed_oom fallback is never overwritten by a computed tune.
+    # A computed decision is only ever *added* (``Store.put`` keeps a valid entry at least as strict
+    # already there), so a stored observed_oom fallback is never overwritten by a computed tune.
+    if _held:
+        fact = _held_fact(key)
+        if fact is not None:
+            outcome = Outcome(key, fact.decision, False, fact)
+            with _lock:
+                _RAW_COUNTS["lookups"] += 1
+                _book(fact.decision, _RAW_COUNTS)
+            return _observed(outcome, plan) if OBSERVERS else outcome
     if store is not None:
         entry = store.lookup(key)
         if entry is not None and entry.dynamic != plan.is_dynamic:
@@ -321,31 +338,20 @@ def _lookup_or_decide(
     entry = Entry.new(key, parts, plan, family, decision)
     if store is not None and write:
         _remember(store, key, entry)  # taken back by ``_written`` if the put does not store it
-        if wait:
-            _written(store, key, store.put(entry))
-        else:
-            writer.submit(store, entry, lambda stored: _written(store, key, stored))
+        _written(store, key, _put(store, entry))
     with _lock:
         _book(decision, _RAW_COUNTS)
     return _observed(Outcome(key, decision, False, entry), plan)
 
 
-def screens_without_store(bound: int, budget: Budget, store: Store | None) -> bool:
-    """Whether a concrete step (no axes, no features: its estimate a sum, at most ``bound``) tunes whatever
-    ``store`` holds, so its key, read and decision can be skipped; counted in ``COUNTERS.screened``.
-
-    It does where it fits ``budget`` and ``store`` is known to hold no observed-OOM entry: any other
-    entry under its key is the decision computed here, or invalid (a miss, then that decision). Not while
-    an observer wants every lookup (``prescreen warm`` records them), nor once this process saw a
-    guarded benchmark run out of memory.
-    """
-    if OBSERVERS or store is None or not budget.admits(bound) or _RAW_COUNTS["observed_oom"]:
+def _put(store: Store, entry: Entry) -> bool:
+    """``store.put(entry)``; a backend that raises (a bug: stores never raise on a fault) is a put that did not
+    store, with one warning."""
+    try:
+        return store.put(entry)
+    except Exception as exc:
+        store.warn_once("write failed", exc)
         return False
-    if not store.observed_oom_free():
-        return False
-    with _lock:
-        _RAW_COUNTS["screened"] += 1
-    return True
 
 
 def _written(store: Store, key: str, stored: bool) -> None:
@@ -357,11 +363,6 @@ def _written(store: Store, key: str, stored: bool) -> None:
             COUNTERS.stored += 1
     else:
         _remember(store, key, None)
-
-
-def flush_writes(timeout: float | None = writer.EXIT_FLUSH_SECONDS) -> bool:
-    """Wait for the store writes queued by ``lookup_or_decide(..., wait=False)``; False if ``timeout`` ran out."""
-    return writer.flush(None, timeout)
 
 
 def family_summary(reps: Representatives) -> dict[str, object]:
@@ -432,11 +433,16 @@ def record_observed_oom(
     free_bytes: int | None,
     error: str = "",
 ) -> Outcome:
-    """Store the fact that ``plan``'s benchmark ran out of memory under ``budget``.
+    """Store the fact that ``plan``'s benchmark ran out of memory under ``budget``, before returning.
 
     The entry goes under the same key a lookup uses, replacing a computed
-    ``tune`` there (that is the one overwrite allowed: a fact beats an
-    estimate). Every later lookup hits it and falls back without benchmarking.
+    ``tune`` there (``Store.put``: a fact outranks an estimate). Every later
+    lookup hits it and falls back without benchmarking. The write goes through
+    contention: retried with backoff for ``FACT_WAIT_SECONDS`` (never skipped for
+    a store's pause after a fault). A fact that still cannot be written is kept
+    in this process (``_held``): every lookup of its key here falls back, the
+    write is tried again at a lookup every ``FACT_RETRY_SECONDS`` and at exit,
+    and one warning says so. Without a store nothing is kept.
     """
     key, parts = build_key(plan, budget)
     reps = try_representatives(plan)
@@ -445,9 +451,11 @@ def record_observed_oom(
                                      error=error)
     family = None if isinstance(reps, NotBounded) else family_summary(reps)
     entry = Entry.new(key, parts, plan, family, decision)
-    stored = store is not None and _put_observed(store, entry)
+    stored = store is not None and _put_fact(store, entry, FACT_WAIT_SECONDS)
     if store is not None:
-        _remember(store, key, entry if stored else None)
+        if not stored:
+            _hold(store, entry)
+        _remember(store, key, entry)  # written or held, this process falls back for it from now on
     with _lock:
         COUNTERS.observed_oom += 1
         if stored:
@@ -455,14 +463,80 @@ def record_observed_oom(
     return _observed(Outcome(key, decision, False, entry), plan)
 
 
-def _put_observed(store: Store, entry: Entry, attempts: int = 3) -> bool:
-    """Put ``entry``, first removing a computed decision under its key; True once it is there."""
-    for _ in range(attempts):
-        current = store.get(entry.key)
-        if current is not None and is_observed_oom(current.decision):
-            return True  # another process recorded the same fact first
-        if current is not None:
-            store.delete([entry.key])
-        if store.put(entry):
+def _put_fact(store: Store, entry: Entry, wait: float) -> bool:
+    """Put the fact ``entry``, trying again with backoff for ``wait`` seconds; True once the store holds an
+    observed OOM under its key (this one, or another process's)."""
+    deadline, delay = time.monotonic() + wait, 0.05
+    while True:
+        if _put(store, entry):
             return True
-    return False
+        try:
+            there = store.get(entry.key)
+        except Exception:  # a broken backend: as a failed put
+            there = None
+        if there is not None and is_observed_oom(there.decision):
+            return True
+        if not store.writable or time.monotonic() + delay > deadline:
+            return False
+        time.sleep(delay)
+        delay = min(2 * delay, 1.0)
+
+
+#: The observed-OOM facts this process could not write: key -> (fact, the store it is for). Every lookup of
+#: such a key falls back (``_lookup_or_decide``), whatever store it reads.
+_held: dict[str, tuple[Entry, Store]] = {}
+_held_lock = threading.Lock()
+_retry_at = 0.0
+_held_warned = False
+_exit_registered = False
+
+
+def _hold(store: Store, entry: Entry) -> None:
+    """Keep ``entry`` in the process, to be written later; warn once per process."""
+    global _held_warned, _exit_registered, _retry_at
+    with _held_lock:
+        _held[entry.key] = (entry, store)
+        _retry_at = time.monotonic() + FACT_RETRY_SECONDS
+        warn, _held_warned = not _held_warned, True
+        if not _exit_registered:
+            _exit_registered = True
+            atexit.register(write_held_facts, FACT_WAIT_SECONDS)
+    with _lock:  # every store's memory of the key: the next lookup reads ``_held``
+        for memo in _memos.values():
+            if memo.outcomes.pop(entry.key, None) is not None:
+                memo.changed()
+    if warn:
+        log.warning("prescreen: could not write an observed out-of-memory fact (key %s) to the %s store at %s "
+                    "within %g s; this process keeps it (its lookups fall back) and tries again every %g s "
+                    "and at exit", entry.key[:12], store.backend, store.location, FACT_WAIT_SECONDS,
+                    FACT_RETRY_SECONDS)
+
+
+def _held_fact(key: str) -> Entry | None:
+    """The fact held for ``key``, if any; first, when due, another try at writing every held fact."""
+    global _retry_at
+    if time.monotonic() >= _retry_at:
+        with _held_lock:
+            _retry_at = time.monotonic() + FACT_RETRY_SECONDS
+        write_held_facts(0.0)
+    found = _held.get(key)
+    return None if found is None else found[0]
+
+
+def write_held_facts(wait: float = FACT_WAIT_SECONDS) -> int:
+    """Try again to write the facts this process holds (each for up to ``wait`` seconds); returns how many are
+    still held. Runs at exit (a warning names what is left) and at a lookup every ``FACT_RETRY_SECONDS``."""
+    with _held_lock:
+        pending = list(_held.items())
+    for key, (entry, store) in pending:
+        if _put_fact(store, entry, wait):
+            with _held_lock:
+                if _held.get(key, (None,))[0] is entry:
+                    del _held[key]
+            with _lock:
+                COUNTERS.stored += 1
+    left = len(_held)
+    if left and wait > 0:
+        log.warning("prescreen: %d observed out-of-memory fact(s) could not be written; a later process may "
+                    "benchmark those steps again (the guard catches the error)", left)
+    return left

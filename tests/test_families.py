@@ -244,7 +244,6 @@ def test_two_batches_in_one_bucket_share_one_stored_entry(tmp_path: Path, monkey
     import prescreen
     from prescreen.hooks import state  # type: ignore[import-not-found]
     from prescreen.plan import KernelPlan
-    from prescreen.service import flush_writes
     from prescreen.store import DiskStore
 
     store = DiskStore(tmp_path / "store")
@@ -268,10 +267,8 @@ def test_two_batches_in_one_bucket_share_one_stored_entry(tmp_path: Path, monkey
         with ic.patch(freezing=True, fx_graph_cache=False), \
                 prescreen.installed(store=store, device_memory="64GiB", ratio=1e-9):
             first = compile_at(40)
-            flush_writes()  # the hooks write their decisions in the background
             entries = {e.key: e for e in store.entries()}
             second = compile_at(50)
-            flush_writes()
             after_second = {e.key for e in store.entries()}
             third = compile_at(70)
             clamped = compile_at(40, max_batch=50)

@@ -8,8 +8,6 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from prescreen.budget import Budget
 from prescreen.decision import Decision, is_observed_oom
@@ -17,8 +15,8 @@ from prescreen.errors import Reason
 from prescreen.expr import Const
 from prescreen.hooks import oom
 from prescreen.plan import KernelPlan, TensorArg
-from prescreen.service import COUNTERS, flush_writes, lookup_or_decide, observation, record_observed_oom
-from prescreen.store import DiskStore, observed
+from prescreen.service import COUNTERS, lookup_or_decide, observation, record_observed_oom
+from prescreen.store import DiskStore
 from prescreen.store.entry import Entry
 
 OOM_TEXT = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.81 GiB"
@@ -154,7 +152,6 @@ def gpu_like(monkeypatch: pytest.MonkeyPatch, guard_store: DiskStore) -> DiskSto
     from prescreen.hooks import triton_autotune
 
     monkeypatch.setattr(triton_autotune, "_device_of", lambda _named: torch.device("cuda", 0))
-    monkeypatch.setattr(COUNTERS, "observed_oom", 0)  # a fresh process: none seen yet (screening, below)
     return guard_store
 
 
@@ -200,7 +197,6 @@ def test_runtime_autotune_over_budget_skips_the_benchmark(gpu_like: DiskStore) -
     tuner = FakeAutotuner(raise_oom=False)
     timings = guarded(tuner, *_args())
     assert tuner.benchmarked == 0 and min(timings, key=timings.get) is tuner.launchers[0]
-    flush_writes()  # the hooks write their decisions in the background
     entries = list(gpu_like.entries())
     assert len(entries) == 1 and entries[0].decision.action == "fallback" and not is_observed_oom(entries[0].decision)
 
@@ -214,9 +210,8 @@ def test_runtime_autotune_within_budget_benchmarks_as_upstream(gpu_like: DiskSto
     assert tuner.benchmarked == 1 and min(timings, key=timings.get) is tuner.launchers[2]
 
 
-@pytest.mark.parametrize("screened", [True, False])
-def test_other_errors_in_runtime_autotune_propagate(gpu_like: DiskStore, screened: bool) -> None:
-    """Raised once, from the one benchmark (screened or looked up), never retried as the guard's own failure."""
+def test_other_errors_in_runtime_autotune_propagate(gpu_like: DiskStore) -> None:
+    """Raised once, from the one benchmark, never retried as the guard's own failure."""
     from prescreen.hooks import triton_autotune
 
     calls: list[int] = []
@@ -226,33 +221,30 @@ def test_other_errors_in_runtime_autotune_propagate(gpu_like: DiskStore, screene
             calls.append(1)
             raise ValueError("not an OOM")
 
-    if not screened:
-        observed.mark(gpu_like.directory)  # the store may hold an observed OOM: every step is looked up
     guarded = triton_autotune._wrap(Broken.benchmark_all_configs)
     with pytest.raises(ValueError, match="not an OOM"):
         guarded(Broken(raise_oom=False), *_args())
-    flush_writes()  # the hooks write their decisions in the background
     assert len(calls) == 1
     stored = [e.decision for e in gpu_like.entries()]
-    assert (stored == []) if screened else (len(stored) == 1 and stored[0].tune)  # no observed_oom either way
+    assert len(stored) == 1 and stored[0].tune  # the lookup's decision; no observed_oom
 
 
-# ------------------------------------------------------------------ runtime steps screened without the store
+# ------------------------------------------------------------------ every runtime step is looked up
 
 
-def test_a_step_that_fits_a_store_without_observed_ooms_is_not_looked_up(gpu_like: DiskStore) -> None:
+def test_a_step_that_fits_is_looked_up_and_its_decision_stored(gpu_like: DiskStore) -> None:
     from prescreen.hooks import triton_autotune
 
     before = dataclasses.replace(COUNTERS)
     tuner = FakeAutotuner(raise_oom=False)
     timings = triton_autotune._wrap(FakeAutotuner.benchmark_all_configs)(tuner, *_args())
-    flush_writes()
     assert tuner.benchmarked == 1 and min(timings, key=timings.get) is tuner.launchers[2]  # upstream's answer
-    assert (COUNTERS.screened, COUNTERS.lookups) == (before.screened + 1, before.lookups)
-    assert list(gpu_like.entries()) == []  # nothing to store: the decision is a sum
+    assert COUNTERS.lookups == before.lookups + 1
+    stored = list(gpu_like.entries())  # written before the step benchmarked: acknowledged means written
+    assert len(stored) == 1 and stored[0].decision.tune and stored[0].kernel == "autotune:triton_poi_fused_add_0"
 
 
-def test_a_screened_step_that_runs_out_stores_the_fact_under_its_plan(gpu_like: DiskStore) -> None:
+def test_a_step_that_runs_out_stores_the_fact_under_its_plan(gpu_like: DiskStore) -> None:
     from prescreen.hooks import state, triton_autotune
 
     guarded = triton_autotune._wrap(FakeAutotuner.benchmark_all_configs)
@@ -262,15 +254,14 @@ def test_a_screened_step_that_runs_out_stores_the_fact_under_its_plan(gpu_like: 
     plan = triton_autotune.plan_for_autotuner(tuner, _args(), {})
     stored = gpu_like.get(lookup_or_decide(plan, state.budget_for(torch.device("cuda", 0)), None).key)
     assert stored is not None and is_observed_oom(stored.decision)
-    assert (gpu_like.directory / observed.MARKER).exists() and not gpu_like.observed_oom_free()
-    assert COUNTERS.observed_oom == 1  # this process saw one, and the marker says so to every other
     later = FakeAutotuner(raise_oom=True)  # would run out again if benchmarked
     timings = guarded(later, *_args())
     assert later.benchmarked == 0 and min(timings, key=timings.get) is later.launchers[0]
 
 
-def test_a_fact_an_older_prescreen_wrote_stops_the_screen(gpu_like: DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An observed OOM stored without the marker (before this store scanned) is found: the step falls back."""
+def test_a_fact_written_without_this_prescreen_is_served_to_the_step(gpu_like: DiskStore) -> None:
+    """An observed OOM put into the database directly (an older prescreen, a copied ``cache.db``): the step
+    is looked up, so it falls back (the runtime screen once benchmarked it)."""
     from prescreen.hooks import state, triton_autotune
 
     tuner = FakeAutotuner(raise_oom=True)
@@ -278,57 +269,20 @@ def test_a_fact_an_older_prescreen_wrote_stops_the_screen(gpu_like: DiskStore, m
     fact = record_observed_oom(plan, state.budget_for(torch.device("cuda", 0)), None, requested_bytes=1,
                                free_bytes=2).entry
     assert fact is not None and gpu_like._cache is not None
-    gpu_like._cache.set(fact.key, fact.to_json())  # as an older prescreen writes it: no marker
-    monkeypatch.setattr(COUNTERS, "observed_oom", 0)  # seen by that process, not this one
+    gpu_like._cache.set(fact.key, fact.to_json())
     timings = triton_autotune._wrap(FakeAutotuner.benchmark_all_configs)(tuner, *_args())
     assert tuner.benchmarked == 0 and min(timings, key=timings.get) is tuner.launchers[0]
-    assert not (gpu_like.directory / observed.MARKER).exists()
 
 
 def test_warm_sees_every_step(gpu_like: DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An observer (``prescreen warm``'s report) gets every lookup: no step is screened, each is stored."""
+    """An observer (``prescreen warm``'s report) gets every lookup, and each is stored."""
     from prescreen import service
     from prescreen.hooks import triton_autotune
 
     seen: list[str] = []
     monkeypatch.setattr(service, "OBSERVERS", [lambda outcome, plan: seen.append(plan.kernel_name)])
     triton_autotune._wrap(FakeAutotuner.benchmark_all_configs)(FakeAutotuner(raise_oom=False), *_args())
-    flush_writes()
     assert seen == ["autotune:triton_poi_fused_add_0"] and len(list(gpu_like.entries())) == 1
-
-
-@settings(max_examples=150, deadline=None)
-@given(
-    shapes=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 40), st.booleans()), min_size=1, max_size=4),
-    mutated=st.lists(st.booleans(), min_size=4, max_size=4),
-    optimize_mem=st.booleans(),
-    headroom=st.one_of(st.none(), st.integers(0, 40_000)),
-)
-def test_the_screens_bound_is_never_below_the_plans_estimate(
-    shapes: list[tuple[int, int, bool]], mutated: list[bool], optimize_mem: bool, headroom: int | None
-) -> None:
-    """``clone_bound`` >= the estimate of the plan a lookup would key (equal where every mutated arg is cloned),
-    over strided and empty tensors, the headroom rule on or off."""
-    from prescreen.decision import decide
-    from prescreen.hooks import triton_autotune
-
-    tensors = [torch.empty(rows, cols)[:, ::2] if strided else torch.empty(rows, cols) for rows, cols, strided in shapes]
-    tuner = FakeAutotuner(raise_oom=False)
-    tuner.fn.arg_names = [f"in_out_ptr{i}" for i in range(len(tensors))]  # type: ignore[misc]
-    tuner.mutated_arg_names = [n for n, m in zip(tuner.fn.arg_names, mutated) if m]
-    tuner.optimize_mem = optimize_mem  # type: ignore[attr-defined]
-    device = torch.device("cuda", 0)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(triton_autotune, "HOST_COPY_DEVICES", ("cpu",))
-        mp.setattr(triton_autotune, "_peak_headroom", lambda _device: headroom)
-        named = triton_autotune._named_args(tuner, tuple(tensors), {})
-        plan = triton_autotune.plan_for_autotuner(tuner, tuple(tensors), {}, named, device)
-        bound = triton_autotune.clone_bound(tuner, named, device)
-    estimate = decide(plan, BUDGET).estimated_bytes
-    assert estimate is not None and bound >= estimate
-    clones = [a for a in plan.args if a.name.startswith("clone:")]
-    if len(clones) == len(tuner.mutated_arg_names):
-        assert bound == estimate
 
 
 # ------------------------------------------------------------------ a real CPU compile (algorithm selection)

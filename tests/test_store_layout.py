@@ -314,7 +314,7 @@ def test_a_lookup_decodes_the_details_on_first_read(tmp_path: Path, monkeypatch:
     plan = make_plan(SEED)
     decodes = _counting(monkeypatch, decision_module, "_decode_details")
     with DiskStore(tmp_path) as store:
-        lookup_or_decide(plan, BUDGET, store, wait=True)
+        lookup_or_decide(plan, BUDGET, store)
         key = build_key(plan, BUDGET)[0]
         looked = store.lookup(key)
         assert looked is not None and looked.decision.tune == decide(plan, BUDGET).tune and decodes == []
@@ -382,7 +382,7 @@ def test_a_lookup_reads_the_record_on_first_access(tmp_path: Path, monkeypatch: 
     plan = make_plan(SEED)
     decodes = _counting(monkeypatch, entry_module, "_decode_record")
     with DiskStore(tmp_path) as store:
-        lookup_or_decide(plan, BUDGET, store, wait=True)
+        lookup_or_decide(plan, BUDGET, store)
         key, parts = build_key(plan, BUDGET)
         looked = store.lookup(key)
         assert looked is not None and looked.parts is parts and looked.decision.tune and decodes == []

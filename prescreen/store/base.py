@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from prescreen.store.entry import Entry, InvalidEntry, UnsignedEntry
+from prescreen.store.entry import Entry, InvalidEntry, UnsignedEntry, read_stored
 from prescreen.store.signing import Signer, signer_from_env
 
 log = logging.getLogger("prescreen.store")
@@ -79,6 +79,8 @@ class Store(abc.ABC):
     def decode(self, key: str, raw: object, *, warn: bool = True, lazy: bool = False) -> Entry | None:
         """The valid entry in a stored value (JSON text), or None with one warning per kind of fault.
 
+        With a signing key, an entry whose signature is refused is served where it is stricter than
+        ``tune`` (``entry.read_stored``: a signature is what it takes to loosen), with one warning.
         ``lazy``: a lookup's decode, whose decision's details and record are decoded on first access
         (``Entry.from_json``).
         """
@@ -90,7 +92,7 @@ class Store(abc.ABC):
                 if why is not None:
                     raise InvalidEntry(str(why))
                 raise InvalidEntry(f"value is a {type(raw).__name__}, not JSON text")
-            return Entry.from_json(raw, expected_key=key, signer=self.signer, lazy=lazy)
+            entry, unverified = read_stored(raw, key, self.signer, lazy=lazy)
         except InvalidEntry as exc:
             if warn:
                 if isinstance(exc, UnsignedEntry):
@@ -99,6 +101,11 @@ class Store(abc.ABC):
                     what = "entry from another schema" if "schema" in str(exc) else "invalid entry"
                 self.warn_once(what, f"key {key[:12]}: {exc}")
             return None
+        if unverified is not None and warn:
+            self.warn_once("stricter entry without a valid signature",
+                           f"key {key[:12]}: {unverified}; served as its {entry.decision.action} all the same "
+                           "(a signature is what it takes to loosen a decision, not to make it stricter)")
+        return entry
 
     @abc.abstractmethod
     def get(self, key: str) -> Entry | None:
@@ -111,18 +118,17 @@ class Store(abc.ABC):
         """
         return self.get(key)
 
-    def observed_oom_free(self) -> bool:
-        """True only where this store is known to hold no observed-OOM entry (the disk store can say so,
-        ``prescreen.store.observed``); False, the safe answer, everywhere else."""
-        return False
-
-    def start_observed_oom_scan(self) -> None:
-        """Start finding out whether the store holds an observed-OOM entry, in the background (the disk
-        store's scan; nothing elsewhere)."""
+    @property
+    def writable(self) -> bool:
+        """False where a put can never succeed (read-only, refused or switched off): an observed OOM is then
+        kept in the process without waiting for the store (``prescreen.service.record_observed_oom``)."""
+        return True
 
     @abc.abstractmethod
     def put(self, entry: Entry) -> bool:
-        """Store ``entry`` unless a valid one is there already; False when it could not."""
+        """Store ``entry`` unless a valid entry at least as strict is there already (``entry.outranks``: an
+        observed OOM replaces a computed decision, nothing replaces a fact); False when not stored. A
+        backend writes before it returns: a True is durable."""
 
     @abc.abstractmethod
     def entries(self) -> Iterator[Entry]:

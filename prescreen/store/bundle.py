@@ -8,7 +8,7 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from prescreen.errors import ConfigError
@@ -20,9 +20,14 @@ BUNDLE_FORMAT = "prescreen-bundle"
 BUNDLE_VERSION = 1
 
 
-def export_bundle(store: Store, path: str | os.PathLike[str]) -> int:
-    """Write every valid entry of ``store`` to ``path`` (atomically); returns how many."""
-    entries = sorted(store.entries(), key=lambda e: e.key)
+def export_bundle(store: Store, path: str | os.PathLike[str], keys: Iterable[str] | None = None) -> int:
+    """Write every valid entry of ``store`` to ``path`` (atomically); returns how many.
+
+    ``keys``: only the entries under these keys (a key the store does not hold is left out), e.g. the
+    decisions one warm saw, for ``prescreen.artifact``.
+    """
+    wanted = None if keys is None else frozenset(keys)
+    entries = sorted((e for e in store.entries() if wanted is None or e.key in wanted), key=lambda e: e.key)
     bundle = {
         "format": BUNDLE_FORMAT,
         "bundle_version": BUNDLE_VERSION,

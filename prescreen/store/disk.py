@@ -5,10 +5,14 @@ inline in ``cache.db`` or, above ``min_file_size``, in a ``.val`` text file),
 and its hit counter, an integer, under ``hits:<key>``, so a hit never rewrites
 the entry. ``put`` is ``Cache.add``: the first writer wins and concurrent
 writers of one key store one value; an invalid value under the key is
-replaced. Evictions are least-recently-stored once ``size_limit`` is reached.
+replaced, and so is a valid one by a stricter entry (an observed OOM over a
+computed decision, ``entry.outranks``). Evictions are least-recently-stored once ``size_limit`` is reached.
 
-Faults: a locked database (SQLite timeout ``timeout``, default 0.5 s) or a
-full disk pauses reads or writes for ``cooldown`` seconds; a read-only
+Faults: a put waits through a locked database (SQLite timeout ``timeout``,
+default 0.5 s, retried with backoff for up to ``write_wait`` seconds, default 5),
+so contention between processes loses no write; a write still locked after that,
+or a full disk, pauses writes (other faults: reads too) for ``cooldown`` seconds,
+except an observed-OOM fact's, which is never paused (``put``); a read-only
 directory serves reads through ``ReadOnlyCache``; a corrupt ``cache.db`` is
 moved aside and its valid entries salvaged (``recovery``); a directory that
 cannot be opened at all makes a no-op store that retries after ``cooldown``.
@@ -38,10 +42,10 @@ from typing import IO, TypeVar
 from diskcache.core import DBNAME
 
 from prescreen.budget import parse_memory
+from prescreen.decision import is_observed_oom
 from prescreen.errors import ConfigError
-from prescreen.store import observed, writer
 from prescreen.store.base import Store, StoreStats, log
-from prescreen.store.entry import Entry
+from prescreen.store.entry import Entry, outranks
 from prescreen.store.faults import Fault, classify
 from prescreen.store.readonly import ReadOnlyCache
 from prescreen.store.recovery import (
@@ -69,15 +73,18 @@ SIZE_LIMIT_ENV = "PRESCREEN_CACHE_SIZE_LIMIT"
 DEFAULT_SIZE_LIMIT = 2**30
 DEFAULT_TIMEOUT = 0.5
 DEFAULT_COOLDOWN = 30.0
+DEFAULT_WRITE_WAIT = 5.0  # how long a put retries through a locked database before it gives up
 HITS_PREFIX = "hits:"
-HIT_FLUSH_SECONDS = 30.0  # hit counts are statistics: written this often (and on close, stats and exit)
+HIT_FLUSH_SECONDS = 30.0  # hit counts are statistics: written by ``get`` this often, and on close, stats and exit
 #: SQLite memory-maps no part of the database (diskcache maps 64 MiB): right after another connection
-#: committed (this process's background writer, another process), reading a row not read before through
+#: committed (another process), reading a row not read before through
 #: the map cost 1.3x to 4.9x a read into SQLite's own page cache with the CPU caches cold, 2x to 4x hot
 #: (``bench/bench_cold_lookup.py``). A per-connection pragma, kept in the cache's Settings table, so every
 #: connection that opens the directory uses it.
 SQLITE_MMAP_SIZE = 0
-MOVE_CHECK_SECONDS = 5.0  # how often a reader checks that cache.db is still the file it opened (a stat)
+#: How often a reader checks that cache.db is still the file it opened (a stat, about 1 to 10 us): before every
+#: read, so a database renamed into place (a recovery, a copy) is what the next lookup reads.
+MOVE_CHECK_SECONDS = 0.0
 KEY_ROWS = "SELECT key, filename FROM Cache WHERE raw = 1"
 MAX_HITS = 2**62  # counters saturate here, far inside SQLite's 64-bit integers
 RECOVERY_WAIT = 10.0  # how long a recovering process waits for another one's recovery (openers: ``timeout``)
@@ -96,13 +103,11 @@ class _HitBuffer:
         self.lock = threading.Lock()
         self.cache: FastOpenCache | None = None
         self.flushed_at = time.monotonic()
-        self.queued = False  # a flush is queued on the background writer
 
     def take(self) -> collections.Counter[str]:
         with self.lock:
             pending, self.pending = self.pending, collections.Counter()
             self.flushed_at = time.monotonic()
-            self.queued = False
         return pending
 
     def final_flush(self) -> None:
@@ -197,6 +202,7 @@ class DiskStore(Store):
         cooldown: float = DEFAULT_COOLDOWN,
         count_hits: bool = True,
         min_file_size: int = 2**15,
+        write_wait: float = DEFAULT_WRITE_WAIT,
     ) -> None:
         super().__init__()
         self._hits = _HitBuffer()  # holds the open cache (``_cache``) too
@@ -206,6 +212,7 @@ class DiskStore(Store):
         self.size_limit = resolve_size_limit(size_limit)
         self.timeout = timeout
         self.cooldown = cooldown
+        self.write_wait = write_wait
         self.count_hits = count_hits
         self.min_file_size = min_file_size
         self.recovered: tuple[str, int] | None = None  # (moved-aside file, entries restored)
@@ -218,9 +225,6 @@ class DiskStore(Store):
         self._lock = threading.RLock()
         self._lock_file: IO[str] | None = None
         self._db_id: tuple[int, int] | None = None
-        self._oom_scanned: tuple[tuple[int, int] | None, bool] | None = None  # (database scanned, clean)
-        self._oom_scan_queued = False
-        self._oom_marker = observed.marker_path(self.directory)
         self._moves_checked_at = time.monotonic()
         weakref.finalize(self, self._hits.final_flush)  # on collection, or at exit if still alive
         self._open()
@@ -337,9 +341,10 @@ class DiskStore(Store):
         detail = str(exc) or f"{type(exc).__name__} after {self.timeout:g} s"
         self.warn_once(fault.value, f"{detail}; pausing {'writes' if write else 'the store'} for {self.cooldown:g} s")
 
-    def _handle(self, write: bool) -> FastOpenCache | ReadOnlyCache | None:
+    def _handle(self, write: bool, force: bool = False) -> FastOpenCache | ReadOnlyCache | None:
+        """What an operation goes to; None while paused (``force``: a fact's write, never paused)."""
         now = time.monotonic()
-        if now < (self._writes_paused_until if write else self._reads_paused_until):
+        if not force and now < (self._writes_paused_until if write else self._reads_paused_until):
             return None
         if self._cache is None and self._reader is None and now >= self._open_again_at:
             with self._lock:
@@ -378,7 +383,11 @@ class DiskStore(Store):
                 return cache
         return self._handle(False)
 
-    def _run(self, write: bool, op: Callable[[FastOpenCache | ReadOnlyCache], T], default: T) -> T:
+    def _run(self, write: bool, op: Callable[[FastOpenCache | ReadOnlyCache], T], default: T, *,
+             force: bool = False, wait: float = 0.0) -> T:
+        """``op`` on the open cache, ``default`` on a fault. A write locked by another connection is tried again
+        with backoff until ``wait`` seconds have passed (``op`` is one transaction: a locked one changed
+        nothing); ``force``: even while writes are paused."""
         if not write:
             handle = self._read_handle()
             if handle is None:
@@ -388,24 +397,37 @@ class DiskStore(Store):
             except Exception as exc:  # a store fault is never the compile's problem
                 self._fault(exc, False)
                 return default
-        failure: Exception | None = None
-        with self._lock:  # one writer per store at a time: the flock below belongs to the store's lock file
-            if self._handle(True) is not None and not self._hold_shared():
+        deadline, delay = time.monotonic() + wait, 0.01
+        while True:
+            failure: Exception | None = None
+            recovering = False  # another process holds recovery.lock: try again, like a locked database
+            with self._lock:  # one writer per store at a time: the flock below belongs to the store's lock file
+                if self._handle(True, force) is not None and not self._hold_shared():
+                    recovering = True
+                else:
+                    try:
+                        self._follow_moves(True)
+                        handle = self._handle(True, force)
+                        if handle is None:
+                            return default
+                        result = op(handle)
+                    except Exception as exc:  # a store fault is never the compile's problem
+                        failure = exc
+                    finally:
+                        self._release_shared()
+            if failure is None and not recovering:
+                break
+            retry = recovering or (failure is not None and classify(failure) is Fault.LOCKED)
+            if retry and time.monotonic() + delay < deadline:
+                time.sleep(delay)
+                delay = min(2 * delay, 0.2)
+                continue
+            if recovering:
                 self.warn_once(
-                    "recovery.lock is held by another process", f"a write waited {self.timeout:g} s and was skipped"
-                )
+                    "recovery.lock is held by another process", f"a write waited {max(wait, self.timeout):g} s and was "
+                    "skipped")
                 return default
-            try:
-                self._follow_moves(True)
-                handle = self._handle(True)
-                if handle is None:
-                    return default
-                result = op(handle)
-            except Exception as exc:  # a store fault is never the compile's problem
-                failure = exc
-            finally:
-                self._release_shared()
-        if failure is not None:
+            assert failure is not None
             self._fault(failure, True)
             return default
         self._healthy = True
@@ -464,36 +486,9 @@ class DiskStore(Store):
     def lookup(self, key: str) -> Entry | None:
         return self._hit(key, later=True)[0]
 
-    def observed_oom_free(self) -> bool:
-        """True when this store holds no observed-OOM entry (``prescreen.store.observed``): the open database
-        was scanned clean (once per database file: here, unless the background scan is on it) and no marker
-        has appeared since."""
-        scanned = self._oom_scanned
-        if scanned is None or scanned[0] != self._db_id:
-            if self._oom_scan_queued:
-                return False  # until the background scan is done, every step is looked up
-            scanned = self._scan_observed_oom()
-        return scanned[1] and not os.path.lexists(self._oom_marker)
-
-    def start_observed_oom_scan(self) -> None:
-        """Scan on the background writer (the hooks do, opening their store): about 10 ms per 1,000 entries,
-        not paid inside a compile."""
-        self._oom_scan_queued = True
-
-        def scan() -> None:
-            try:
-                self._scan_observed_oom()
-            finally:
-                self._oom_scan_queued = False
-
-        writer.call(self, scan)
-
-    def _scan_observed_oom(self) -> tuple[tuple[int, int] | None, bool]:
-        db_id = self._db_id
-        clean = db_id is not None and self._run(
-            False, lambda c: isinstance(c, FastOpenCache) and observed.scan(c, self.directory), False)
-        self._oom_scanned = (db_id, clean)
-        return self._oom_scanned
+    @property
+    def writable(self) -> bool:
+        return self.refused is None and self._writes_paused_until != math.inf  # not refused, not read-only
 
     def _hit(self, key: str, later: bool) -> tuple[Entry | None, int]:
         """The valid entry under ``key`` (its hit buffered, see ``_count_hit``) and its hits not yet written."""
@@ -507,22 +502,17 @@ class DiskStore(Store):
     def _count_hit(self, key: str, later: bool) -> int:
         """Buffer one hit of ``key``; returns its hits not yet written.
 
-        The buffer is written every ``HIT_FLUSH_SECONDS``: by this call for ``get``, on
-        the background writer for ``lookup`` (a decision's read never waits for a commit).
+        The buffer is written by ``get`` every ``HIT_FLUSH_SECONDS``, and on ``close``, ``stats``,
+        ``entries`` and exit; never by ``lookup`` (a decision's read never waits for a commit).
         """
         if not (self.count_hits and self._cache is not None):
             return 0
         with self._hits.lock:
             self._hits.pending[key] += 1
             pending = self._hits.pending[key]
-            due = not self._hits.queued and time.monotonic() - self._hits.flushed_at >= HIT_FLUSH_SECONDS
-            if due and later:
-                self._hits.queued = True
+            due = not later and time.monotonic() - self._hits.flushed_at >= HIT_FLUSH_SECONDS
         if due:
-            if later:
-                writer.call(self, self.flush_hits)
-            else:
-                self.flush_hits()
+            self.flush_hits()
         return pending
 
     def flush_hits(self) -> None:
@@ -530,9 +520,7 @@ class DiskStore(Store):
 
         Counting a hit in the database on every lookup would cost a commit per
         lookup, several times the lookup itself; counts are statistics, so they
-        are batched and written at most every ``HIT_FLUSH_SECONDS``, on close and at exit
-        (a lookup's flush is queued on the background writer, which would otherwise
-        take the interpreter from the compile at every lookup a few seconds apart).
+        are batched (see ``_count_hit``).
         """
         pending = self._hits.take()
         if not pending or self._cache is None:
@@ -545,22 +533,25 @@ class DiskStore(Store):
         self._run(True, write, None)
 
     def put(self, entry: Entry) -> bool:
+        """``Store.put``: written (and committed) before it returns, through a locked database for up to
+        ``write_wait`` seconds. An observed-OOM fact is written even while writes are paused."""
         text = entry.with_hits(0).to_json(self.signer)
 
         def add(cache: FastOpenCache | ReadOnlyCache) -> bool:
             assert isinstance(cache, FastOpenCache)
-            observed.before_write(self.directory, entry.decision)
             if cache.add(entry.key, text):
                 return True
             with cache.transact():
-                if self.decode(entry.key, cache.get(entry.key), warn=False) is not None:
+                there = self.decode(entry.key, cache.get(entry.key), warn=False)
+                if there is not None and not outranks(entry.decision, there.decision):
                     return False
                 cache.set(entry.key, text)
                 cache.delete(HITS_PREFIX + entry.key)
-                log.info("prescreen disk store: replaced an invalid value under %s", entry.key[:12])
+                log.info("prescreen disk store: replaced %s under %s", "an invalid value" if there is None
+                         else f"a {there.decision.action} by a stricter entry", entry.key[:12])
                 return True
 
-        return self._run(True, add, False)
+        return self._run(True, add, False, force=is_observed_oom(entry.decision), wait=self.write_wait)
 
     def keys(self) -> list[str]:
         """Every entry key stored (valid or not), except rows whose value file is gone."""
@@ -641,8 +632,6 @@ class DiskStore(Store):
             detail = f"size_limit={self.size_limit} timeout={self.timeout:g}s"
         if self.recovered is not None:
             detail += f"; recovered {self.recovered[1]} entries, corrupt file moved to {self.recovered[0]}"
-        if os.path.lexists(self._oom_marker):
-            detail += f"; {observed.MARKER} marker present: every runtime-autotuning step is looked up"
         healthy = self._cache is not None and self._healthy and time.monotonic() >= self._writes_paused_until
         return StoreStats(self.backend, self.location, count, size, self.hits, self.misses, healthy, detail)
 
@@ -656,7 +645,6 @@ class DiskStore(Store):
         self._cache = self._reader = None
 
     def close(self) -> None:
-        writer.flush(self, writer.EXIT_FLUSH_SECONDS)  # writes queued for this store land before it closes
         self.flush_hits()
         with self._lock:
             self._close_handles()

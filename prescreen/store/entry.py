@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from prescreen.decision import Decision
+from prescreen.decision import Decision, is_observed_oom
 from prescreen.key import SCHEMA_VERSION, KeyParts, family_hash, known_parts, payload_text
 from prescreen.plan import KernelPlan
 from prescreen.store.signing import (
@@ -179,7 +179,7 @@ class Entry:
                 family_hash=_str(raw_parts, "family_hash"),
                 device_kind=_str(raw_parts, "device_kind"),
                 total_memory=_int(raw_parts, "total_memory"),
-                ratio=_finite(raw_parts, "ratio"),
+                ratio=_ratio(raw_parts),
                 schema_version=_int(raw_parts, "schema_version"),
                 estimator_version=_int(raw_parts, "estimator_version"),
                 versions=_versions(versions),
@@ -296,6 +296,40 @@ class Entry:
         return entry
 
 
+def strictness(decision: Decision) -> int:
+    """How firmly ``decision`` keeps a benchmark from running: 0 ``tune``, 1 a computed fallback, 2 an
+    observed-OOM fallback (a fact). A store keeps the strictest valid entry under a key (``outranks``)."""
+    if decision.tune:
+        return 0
+    return 2 if is_observed_oom(decision) else 1
+
+
+def outranks(new: Decision, old: Decision) -> bool:
+    """Whether ``new`` replaces ``old`` under one key: only a stricter entry does (a fact beats an estimate,
+    and nothing loosens a stored decision)."""
+    return strictness(new) > strictness(old)
+
+
+def read_stored(
+    text: str | bytes, expected_key: str | None = None, signer: Signer | None = None, *, lazy: bool = False
+) -> tuple[Entry, str | None]:
+    """An entry read back from a store, under the trust rule; raises ``InvalidEntry``.
+
+    A signature is what it takes to *loosen* a decision: with a signer, an entry whose signature
+    is missing or does not verify (another key, a rollout, a forgery) is refused when it says
+    ``tune``, but a valid stricter one (a fallback, an observed OOM) is served all the same: if it
+    is wrong it costs speed, never an OOM. Returns the entry and, where its signature was not
+    accepted, why (None otherwise).
+    """
+    try:
+        return Entry.from_json(text, expected_key, signer, lazy=lazy), None
+    except UnsignedEntry as refused:
+        entry = Entry.from_json(text, expected_key, None, lazy=lazy)
+        if entry.decision.tune:
+            raise refused from None
+        return entry, str(refused)
+
+
 #: An entry's fields on its record line, which a hit does not read (its key parts are the caller's).
 RECORD_FIELDS = ("created_at", "family", "hits", "host", "kernel", "pid")
 _HEAD_KEYS = HEAD_FIELDS | {SIGNATURE_FIELD}
@@ -370,6 +404,13 @@ def _finite(d: Mapping[str, object], name: str) -> float:
     if type(value) not in (int, float) or not math.isfinite(value) or abs(value) >= _INT_LIMIT:  # type: ignore[arg-type]
         raise InvalidEntry(f"{name} must be a finite number, got {str(value)[:40]}")
     return float(value)  # type: ignore[arg-type]
+
+
+def _ratio(d: Mapping[str, object]) -> float:
+    """A key's ratio as written: an int ratio (torch_npu's ratio set in code) keeps its type, since its budget
+    is exact where a float's product rounds (it is a key part of its own, and the key digests it as an int)."""
+    _finite(d, "ratio")
+    return d["ratio"]  # type: ignore[return-value]
 
 
 def _str(d: Mapping[str, object], name: str) -> str:

@@ -22,6 +22,10 @@ class NullStore(Store):
         self.misses += 1
         return None
 
+    @property
+    def writable(self) -> bool:
+        return False
+
     def put(self, entry: Entry) -> bool:
         return False
 

@@ -30,8 +30,7 @@ from typing import IO
 import diskcache
 from diskcache.core import DBNAME
 
-from prescreen.store import observed
-from prescreen.store.entry import Entry, InvalidEntry
+from prescreen.store.entry import InvalidEntry, read_stored
 from prescreen.store.secure import create_private_file, value_file
 from prescreen.store.signing import Signer
 from prescreen.store.textdisk import TextDisk, read_value_file
@@ -202,12 +201,13 @@ def _value_files(directory: Path) -> Iterator[Path]:
 
 
 def _restore(cache: diskcache.Cache, directory: Path, text: str, signer: Signer | None) -> bool | None:
-    """True: re-added (the stored text as it was, signature and all); False: one already there; None: invalid."""
+    """True: re-added (the stored text as it was, signature and all); False: one already there; None: invalid.
+
+    Valid as a lookup reads it (``read_stored``): a stricter entry is restored whatever its signature."""
     try:
-        entry = Entry.from_json(text, signer=signer)
+        entry, _unverified = read_stored(text, signer=signer)
     except InvalidEntry:
         return None
-    observed.before_write(directory, entry.decision)
     return bool(cache.add(entry.key, text))
 
 

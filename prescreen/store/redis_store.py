@@ -2,8 +2,8 @@
 
 Layout: ``prescreen:v1:{<key>}`` holds the entry's JSON text and
 ``prescreen:v1:{<key>}:hits`` its hit counter (the braces are a Redis Cluster
-hash tag, so both live in one slot). ``put`` is ``SET NX``; an invalid value is
-replaced under ``WATCH``. A hit reads the value and increments the counter in
+hash tag, so both live in one slot). ``put`` is ``SET NX``; an invalid value, or a
+valid one a stricter entry outranks (``entry.outranks``), is replaced under ``WATCH``. A hit reads the value and increments the counter in
 one round trip (a Lua script; plain GET + INCR where scripting is refused).
 
 Faults: sockets time out after ``timeout`` (0.5 s) and redis-py's own retries
@@ -24,10 +24,10 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from prescreen.decision import is_observed_oom
 from prescreen.errors import ConfigError
-from prescreen.store import writer
 from prescreen.store.base import Store, StoreStats
-from prescreen.store.entry import MAX_ENTRY_BYTES, Entry
+from prescreen.store.entry import MAX_ENTRY_BYTES, Entry, outranks
 
 REDIS_URL_ENV = "PRESCREEN_REDIS_URL"
 DEFAULT_PREFIX = "prescreen:v1:"
@@ -184,8 +184,10 @@ class RedisStore(Store):
             return None
         return text[len(head) : -1]
 
-    def _call(self, op: Callable[[], T], default: T) -> T:
-        if time.monotonic() < self._down_until:
+    def _call(self, op: Callable[[], T], default: T, force: bool = False) -> T:
+        """``op``, or ``default`` on a fault or while the server is left alone (``force``: a fact's write, tried
+        even then)."""
+        if not force and time.monotonic() < self._down_until:
             return default
         try:
             result = op()
@@ -268,7 +270,8 @@ class RedisStore(Store):
             with self._client.pipeline() as pipe:
                 try:
                     pipe.watch(name)  # type: ignore[no-untyped-call]
-                    if self.decode(entry.key, pipe.get(name), warn=False) is not None:
+                    there = self.decode(entry.key, pipe.get(name), warn=False)
+                    if there is not None and not outranks(entry.decision, there.decision):
                         return False
                     pipe.multi()
                     pipe.set(name, text)
@@ -278,7 +281,7 @@ class RedisStore(Store):
                 except redis.WatchError:  # someone else wrote it meanwhile: theirs stands
                     return False
 
-        return self._call(store, False)
+        return self._call(store, False, force=is_observed_oom(entry.decision))
 
     def keys(self) -> list[str]:
         """Every entry key under this prefix (valid or not)."""
@@ -354,7 +357,6 @@ class RedisStore(Store):
         return StoreStats(self.backend, self.location, count, None, self.hits, self.misses, info is not None, detail)
 
     def close(self) -> None:
-        writer.flush(self, writer.EXIT_FLUSH_SECONDS)  # writes queued for this store land before it closes
         try:
             self._client.close()
         except redis.RedisError:

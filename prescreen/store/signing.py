@@ -12,6 +12,18 @@ bundle entry is re-serialized first. Read back from disk,
 Redis or a bundle, an entry that is unsigned or whose signature does not
 verify is a miss (one warning), and ``import`` refuses it. The signature is an
 optional field: a prescreen without a secret reads signed entries as before.
+
+The secret is normalized one way wherever it comes from (``normalize_key``):
+whitespace around it (a trailing newline from ``echo`` or an editor, spaces)
+is stripped, in the variable and in the file alike, so
+``PRESCREEN_SIGNING_KEY="secret\n"`` and a key file holding ``secret`` sign
+alike.
+
+What a signature guards is *loosening* (``entry.read_stored``): a stored
+``tune`` must verify, while a stricter entry (a fallback, an observed OOM) is
+served whatever its signature, so a fact is never masked during a key
+rollout (none -> key) or rotation (A -> B), nor overwritten: a store keeps the
+strictest valid entry under a key (``entry.outranks``).
 """
 
 from __future__ import annotations
@@ -135,7 +147,13 @@ def _read_key_file(path: Path) -> bytes:
                 f"{SIGNING_KEY_FILE_ENV}={str(path)!r} has mode {stat.S_IMODE(st.st_mode):04o}; "
                 "a key file must be readable by its owner only (chmod 600)"
             )
-        return handle.read(4096).strip()
+        return normalize_key(handle.read(4096))
+
+
+def normalize_key(raw: bytes) -> bytes:
+    """The secret as signing uses it: ``raw`` without the ASCII whitespace around it (one rule for the
+    variable and the file)."""
+    return raw.strip()
 
 
 def signer_from_env() -> Signer | None:
@@ -147,5 +165,5 @@ def signer_from_env() -> Signer | None:
     if path:
         return Signer(_read_key_file(Path(path).expanduser()))
     if secret:
-        return Signer(secret.encode())
+        return Signer(normalize_key(secret.encode()))
     return None

@@ -1,12 +1,26 @@
-"""A local store in front of a remote one: read-through on get, write to both on put."""
+"""A local store in front of a remote one: read-through on get, write to both on put.
+
+The remote is where another replica's observed OOM arrives, so a local ``tune``
+is not trusted for ever: a lookup that finds one in the local tier reads the
+remote too when that key was last checked ``recheck_seconds`` ago or more (5 s by
+default; ``get`` always does). A stricter remote entry (``entry.outranks``: an
+observed OOM over a computed decision) replaces the local one and is served. A
+local fallback is served without asking the remote: nothing loosens a decision.
+With the service's memory of a ``tune`` (``prescreen.service.TUNE_RECHECK_SECONDS``)
+a running replica falls back within about twice that of the remote fact.
+"""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
-from prescreen.store import writer
 from prescreen.store.base import Store, StoreStats
-from prescreen.store.entry import Entry
+from prescreen.store.entry import Entry, outranks
+
+#: How long a ``tune`` read from the local tier is served before the remote is asked again for that key.
+RECHECK_SECONDS = 5.0
+_MAX_CHECKED = 65536  # keys whose last check is remembered (all forgotten past this: each is checked again)
 
 
 class TieredStore(Store):
@@ -18,36 +32,58 @@ class TieredStore(Store):
 
     backend = "tiered"
 
-    def __init__(self, local: Store, remote: Store) -> None:
+    def __init__(self, local: Store, remote: Store, *, recheck_seconds: float = RECHECK_SECONDS) -> None:
         super().__init__()
         self.local, self.remote = local, remote
         self.location = f"{local.location} + {remote.location}"
+        self.recheck_seconds = recheck_seconds
+        self._checked: dict[str, float] = {}  # key -> when the remote was last read for it
 
     @property
     def tiers(self) -> tuple[Store, Store]:
         return self.local, self.remote
 
+    @property
+    def writable(self) -> bool:
+        return self.local.writable or self.remote.writable
+
     def get(self, key: str) -> Entry | None:
-        return self._get(lambda store: store.get(key), later=False)
+        return self._get(key, lambda store: store.get(key), 0.0)
 
     def lookup(self, key: str) -> Entry | None:
-        """``get`` for a decision: a remote hit is copied to the local tier on the background writer."""
-        return self._get(lambda store: store.lookup(key), later=True)
+        """``get`` for a decision: a local ``tune`` is checked against the remote every ``recheck_seconds``."""
+        return self._get(key, lambda store: store.lookup(key), self.recheck_seconds)
 
-    def _get(self, read: Callable[[Store], Entry | None], later: bool) -> Entry | None:
+    def _get(self, key: str, read: Callable[[Store], Entry | None], recheck: float) -> Entry | None:
         entry = read(self.local)
         if entry is None:
             entry = read(self.remote)
+            self._mark(key)
             if entry is not None:
-                if later:
-                    writer.submit(self.local, entry)
-                else:
-                    self.local.put(entry)
+                self.local.put(entry)  # a put, once per key (about 0.1 ms)
+        elif entry.decision.tune and self._due(key, recheck):
+            remote = read(self.remote)
+            if remote is not None and outranks(remote.decision, entry.decision):
+                self.local.put(remote)  # replaces the local tune
+                entry = remote
         if entry is None:
             self.misses += 1
         else:
             self.add_hits(1)
         return entry
+
+    def _due(self, key: str, interval: float) -> bool:
+        """Whether the remote was last read for ``key`` ``interval`` seconds ago or more (then noted as read now)."""
+        last = self._checked.get(key)
+        if last is not None and time.monotonic() - last < interval:
+            return False
+        self._mark(key)
+        return True
+
+    def _mark(self, key: str) -> None:
+        if len(self._checked) >= _MAX_CHECKED:
+            self._checked.clear()
+        self._checked[key] = time.monotonic()
 
     def put(self, entry: Entry) -> bool:
         stored_locally = self.local.put(entry)
@@ -87,6 +123,5 @@ class TieredStore(Store):
         )
 
     def close(self) -> None:
-        writer.flush(self, writer.EXIT_FLUSH_SECONDS)  # the puts queued through this store, then each tier's own
         self.local.close()
         self.remote.close()
