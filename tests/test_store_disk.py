@@ -266,6 +266,31 @@ def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
         assert store.directory == tmp_path / "explicit"
 
 
+@pytest.mark.parametrize("source", ["argument", "PRESCREEN_CACHE_DIR"])
+def test_a_relative_directory_is_fixed_at_open(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, source: str) -> None:
+    # Before: after os.chdir the next read or write (and any new thread's connection) opened a new, empty
+    # store under the new working directory: an acknowledged entry became a miss.
+    first, second, third = make_entry(1), make_entry(2), make_entry(3)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    if source == "PRESCREEN_CACHE_DIR":
+        monkeypatch.setenv("PRESCREEN_CACHE_DIR", "rel/cache")
+    with DiskStore("rel/cache" if source == "argument" else None) as store:
+        assert store.put(first)
+        monkeypatch.chdir(tmp_path / "elsewhere")
+        assert store.get(first.key) is not None
+        assert store.put(second)
+        seen: list[object] = []
+        thread = threading.Thread(target=lambda: seen.extend([store.get(first.key), store.put(third)]))
+        thread.start()
+        thread.join()
+        assert seen[0] is not None and seen[1] is True
+        assert store.location == str(tmp_path / "rel" / "cache")
+    assert not (tmp_path / "elsewhere" / "rel").exists()
+    with DiskStore(tmp_path / "rel" / "cache") as again:
+        assert all(again.get(e.key) is not None for e in (first, second, third))
+
+
 def test_size_limit_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PRESCREEN_CACHE_SIZE_LIMIT", "512MiB")
     with DiskStore(tmp_path / "c") as store:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sqlite3
+import threading
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +24,7 @@ from prescreen.service import lookup_or_decide
 from prescreen.store import DiskStore, RedisStore, Store, TieredStore, export_bundle, import_bundle
 from prescreen.store.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, _Stream
 from prescreen.store.disk import HITS_PREFIX
-from prescreen.store.entry import MAX_ENTRY_BYTES
+from prescreen.store.entry import MAX_ENTRY_BYTES, Entry
 
 SEED = 3
 
@@ -145,6 +148,65 @@ def test_disk_bad_hit_counter_does_not_turn_the_store_off(tmp_path: Path, caplog
         assert [m for m in warnings_of(caplog) if "hit counter" in m]
     with DiskStore(tmp_path / "cache") as store:
         assert store._stored_hits(entry.key) == 1  # the bad counter restarted from this process's hit
+
+
+HUGE = 128 * 2**20
+
+
+def test_disk_huge_inline_value_is_refused_before_it_is_read(tmp_path: Path, caplog) -> None:
+    # Before: the 128 MiB row (and its 128 MiB counter) came into Python whole, then the 4 MiB cap refused it.
+    entry, plan, directory = make_entry(SEED), make_plan(SEED), tmp_path / "cache"
+    with DiskStore(directory) as store:
+        assert store.put(entry) and store._cache is not None
+        store._cache.set(HITS_PREFIX + entry.key, 5)
+    con = sqlite3.connect(directory / "cache.db")
+    with con:  # what a hostile writer can do: inline rows far over the cap
+        for key in (entry.key, HITS_PREFIX + entry.key):
+            con.execute("UPDATE Cache SET value = CAST(zeroblob(?) AS TEXT) WHERE key = ?", (HUGE, key))
+    con.close()
+    tracemalloc.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="prescreen.store"), DiskStore(directory) as store:
+            assert store.get(entry.key) is None
+            assert list(store.entries()) == []
+            assert lookup_or_decide(plan, BUDGET, store).decision == decide(plan, BUDGET)  # and replaced it
+            got = store.get(entry.key)
+            assert got is not None and got.decision == decide(plan, BUDGET)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20, peak
+    assert any(f"over {MAX_ENTRY_BYTES} bytes" in m for m in warnings_of(caplog)), warnings_of(caplog)
+
+
+def test_disk_value_file_that_is_a_fifo_is_a_miss(tmp_path: Path, caplog) -> None:
+    # Before: the lookup's open() of the FIFO waited for a writer forever, on the compile's thread.
+    entry, plan, directory = make_entry(SEED, n_args=14), make_plan(SEED, n_args=14), tmp_path / "cache"
+    with DiskStore(directory, min_file_size=1000) as store:
+        assert store.put(entry)
+    (value,) = directory.glob("[0-9a-f][0-9a-f]/*/*.val")
+    value.unlink()
+    os.mkfifo(value, 0o600)
+    seen: list[object] = []
+
+    def lookups() -> None:
+        with DiskStore(directory, min_file_size=1000) as store:
+            seen.append(store.get(entry.key))
+            seen.append(lookup_or_decide(plan, BUDGET, store).decision)
+            seen.append(store.get(entry.key))
+
+    with caplog.at_level(logging.WARNING, logger="prescreen.store"):
+        thread = threading.Thread(target=lookups, daemon=True)
+        thread.start()
+        thread.join(30)
+        if thread.is_alive():
+            os.close(os.open(value, os.O_WRONLY | os.O_NONBLOCK))  # release the blocked open, then fail
+            thread.join(10)
+            pytest.fail("a lookup blocked on a FIFO in place of a value file")
+    first, decision, after = seen
+    assert first is None and decision == decide(plan, BUDGET)
+    assert isinstance(after, Entry) and after.decision == decision  # the FIFO's row was replaced
+    assert any("not a regular file" in m and "FIFO" in m for m in warnings_of(caplog)), warnings_of(caplog)
 
 
 # -- Redis ------------------------------------------------------------------------

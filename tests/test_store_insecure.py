@@ -6,6 +6,8 @@ import logging
 import os
 import sqlite3
 import stat
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from test_store_support import BUDGET, make_entry, make_plan, warnings_of
 
 from prescreen.cli import cli
 from prescreen.decision import decide
+from prescreen.errors import ConfigError
 from prescreen.service import lookup_or_decide
 from prescreen.store import DiskStore
 from prescreen.store import secure as secure_module
@@ -178,3 +181,90 @@ def test_rows_never_name_a_path_outside_the_cache(tmp_path: Path, how: str, capl
     assert victim.read_text() == content
     assert victim.parent.is_dir()  # emptied parent directories are not removed either
     assert any("outside the cache" in m for m in warnings_of(caplog))
+
+
+# -- symlinks on the way to the directory ----------------------------------------------------
+
+
+def owned_by(monkeypatch: pytest.MonkeyPatch, path: Path, uid: int) -> None:
+    """Make ``os.lstat`` report ``path`` as owned by ``uid`` (the tests may run as root, who owns everything)."""
+    real, target = os.lstat, str(path)
+
+    def lstat(p: object, *args: object, **kwargs: object) -> os.stat_result:
+        st = real(p, *args, **kwargs)  # type: ignore[arg-type]
+        if os.fspath(p) != target:  # type: ignore[arg-type]
+            return st
+        fields = list(st)  # mode, ino, dev, nlink, uid, gid, size, atime, mtime, ctime
+        fields[4] = uid
+        return os.stat_result(fields)
+
+    monkeypatch.setattr(os, "lstat", lstat)
+
+
+def test_symlink_in_the_middle_owned_by_another_user(tmp_path: Path, monkeypatch, caplog) -> None:
+    # Before: only the last component was checked for a link; whoever owns "link" could re-point it at a
+    # directory of their own holding their database, and a running process would read it.
+    key = planted(tmp_path / "real" / "cache")
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "real")
+    owned_by(monkeypatch, link, OTHER_UID)
+    assert_refused(link / "cache", key, caplog)
+
+
+def test_symlink_in_a_links_target_owned_by_another_user(tmp_path: Path, monkeypatch, caplog) -> None:
+    key = planted(tmp_path / "real" / "cache")
+    theirs = tmp_path / "theirs"
+    theirs.symlink_to(tmp_path / "real")
+    (tmp_path / "mine").symlink_to("theirs/cache")  # mine is yours; the link it goes through is not
+    owned_by(monkeypatch, theirs, OTHER_UID)
+    assert_refused(tmp_path / "mine", key, caplog)
+
+
+def test_links_you_own_on_the_way_are_fine(tmp_path: Path) -> None:
+    key = planted(tmp_path / "real" / "cache")
+    (tmp_path / "a").symlink_to(tmp_path / "real")
+    (tmp_path / "b").symlink_to("a/./../a")
+    with DiskStore(tmp_path / "b" / "cache") as store:
+        assert store.get(key) is not None and store.refused is None
+
+
+# -- odd paths: one error line in the CLI, in a real process (a FIFO would hang it) -------------
+
+CLI = "import sys\nfrom prescreen.cli import main\nmain(sys.argv[1:])\n"
+
+
+def cli_process(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PRESCREEN_", "TORCHINDUCTOR_"))}
+    return subprocess.run([sys.executable, "-c", CLI, *args], env={**clean, **env}, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("case", ["component-over-255-bytes", "key-file-a-directory", "key-file-a-fifo"])
+def test_odd_paths_are_one_error_line(tmp_path: Path, case: str) -> None:
+    # Before: a traceback (OSError: File name too long; IsADirectoryError), or a hang on the FIFO's open.
+    cache, key_path = tmp_path / "cache", tmp_path / "key"
+    if case == "component-over-255-bytes":
+        cache = tmp_path / ("d" * 300) / "cache"
+        needle = "over the 255-byte limit"
+    elif case == "key-file-a-directory":
+        key_path.mkdir(mode=0o700)
+        needle = "it is a directory, not a regular file"
+    else:
+        os.mkfifo(key_path, 0o600)
+        needle = "it is a FIFO, not a regular file"
+    env = {"PRESCREEN_SIGNING_KEY_FILE": str(key_path)} if case.startswith("key") else {}
+    for command in (["stats"], ["inspect"]):
+        done = cli_process(env, "--cache-dir", str(cache), *command)
+        assert done.returncode == 2, (command, done.stdout, done.stderr)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], lines
+        assert done.stdout.strip() == ""
+
+
+def test_library_names_the_bad_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match="is 300 bytes, over the 255-byte limit"):
+        DiskStore(tmp_path / ("d" * 300))
+    os.mkfifo(tmp_path / "fifo", 0o600)
+    monkeypatch.setenv("PRESCREEN_SIGNING_KEY_FILE", str(tmp_path / "fifo"))
+    with pytest.raises(ConfigError, match="'.*fifo': it is a FIFO"):  # at once: O_NONBLOCK, never waiting
+        DiskStore(tmp_path / "cache")

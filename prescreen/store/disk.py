@@ -21,7 +21,11 @@ Each kind of fault is warned about once; none raises.
 Trust: the directory is created 0700 and ``cache.db`` 0600 whatever the
 umask; a directory (or one above it) owned by another user or writable by
 group or others is refused for the store's lifetime (``secure``): one
-warning, every lookup a miss, ``stats`` unhealthy, so the CLI exits 2.
+warning, every lookup a miss, ``stats`` unhealthy, so the CLI exits 2. So is
+one reached through a symlink another user owns. The location is fixed when
+the store opens (``fixed_location``: a relative directory is made absolute
+once, so an ``os.chdir`` later changes nothing); a path no file system takes
+is a ``ConfigError``.
 """
 
 from __future__ import annotations
@@ -87,6 +91,7 @@ SQLITE_MMAP_SIZE = 0
 MOVE_CHECK_SECONDS = 0.0
 KEY_ROWS = "SELECT key, filename FROM Cache WHERE raw = 1"
 MAX_HITS = 2**62  # counters saturate here, far inside SQLite's 64-bit integers
+NAME_MAX, PATH_MAX = 255, 4096  # bytes in a path component, in a whole path (Linux)
 RECOVERY_WAIT = 10.0  # how long a recovering process waits for another one's recovery (openers: ``timeout``)
 
 
@@ -139,6 +144,28 @@ def default_cache_dir() -> Path:
         return Path(tempfile.gettempdir()) / f"prescreen-{os.getuid()}"
 
 
+def fixed_location(directory: Path) -> Path:
+    """``directory`` made absolute, once, when the store opens: a later ``os.chdir`` moves nothing (every
+    write, every thread's connection, every check goes to the same files). A ``ConfigError`` names a path
+    no file system takes: a NUL byte, a component over ``NAME_MAX`` bytes, ``PATH_MAX`` bytes in all."""
+    text = os.fspath(directory)
+    if "\0" in text:
+        raise ConfigError(f"cache directory {text!r} holds a NUL byte")
+    try:
+        absolute = directory.absolute()
+    except OSError as exc:  # relative, and the working directory was removed
+        raise ConfigError(f"cache directory {text!r} is relative and the working directory is gone "
+                          f"({exc.strerror})") from None
+    for part in absolute.parts:
+        size = len(os.fsencode(part))
+        if size > NAME_MAX:
+            raise ConfigError(f"cache directory {text[:60]!r}...: the component {part[:24]!r}... is {size} bytes, "
+                              f"over the {NAME_MAX}-byte limit of a file name")
+    if len(os.fsencode(absolute / DBNAME)) >= PATH_MAX:
+        raise ConfigError(f"cache directory {text[:60]!r}... is over the {PATH_MAX}-byte limit of a path")
+    return absolute
+
+
 def resolve_size_limit(size_limit: int | str | None = None) -> int:
     """Bytes from the argument, else ``$PRESCREEN_CACHE_SIZE_LIMIT`` (e.g. ``512MiB``), else 1 GiB."""
     if size_limit is not None:
@@ -177,7 +204,7 @@ def write_hits(cache: FastOpenCache, pending: collections.Counter[str]) -> None:
         for key, count in pending.items():
             if key in cache:
                 name = HITS_PREFIX + key
-                cache.set(name, min((hit_count(cache.get(name)) or 0) + count, MAX_HITS))
+                cache.set(name, min((hit_count(cache.get_text(name)) or 0) + count, MAX_HITS))
 
 
 class DiskStore(Store):
@@ -206,7 +233,7 @@ class DiskStore(Store):
     ) -> None:
         super().__init__()
         self._hits = _HitBuffer()  # holds the open cache (``_cache``) too
-        self.directory = Path(directory).expanduser() if directory is not None else default_cache_dir()
+        self.directory = fixed_location(Path(directory).expanduser() if directory is not None else default_cache_dir())
         self.location = str(self.directory)
         self._db_path = self.directory / DBNAME
         self.size_limit = resolve_size_limit(size_limit)
@@ -256,8 +283,14 @@ class DiskStore(Store):
             self._open_again_at = math.inf
             self.warn_once(Fault.INSECURE.value, f"{exc}; running without the store")
             return
-        except OSError:
-            pass  # cannot be created or checked: opening fails below and says why
+        except OSError as exc:
+            if not self.directory.is_dir():  # it could not be made: say why (a read-only file system, say),
+                self.warn_once(classify(exc).value,  # not the "no such file" opening it would report
+                               f"cannot create {self.directory}: {exc.strerror or exc}; the store is off for "
+                               f"{self.cooldown:g} s")
+                self._open_again_at = time.monotonic() + self.cooldown
+                return
+            # it exists but cannot be checked: opening fails below and says why
         try:
             with recovery_lock(self.directory, shared=True, wait=self.timeout) as held:
                 if held is False:
@@ -450,7 +483,7 @@ class DiskStore(Store):
     # -- decoding -----------------------------------------------------------
 
     def _stored_hits(self, key: str) -> int:
-        value = self._run(False, lambda c: c.get(HITS_PREFIX + key), None)
+        value = self._run(False, lambda c: c.get_text(HITS_PREFIX + key), None)
         count = hit_count(value)
         if count is None and value is not None:
             self.warn_once("invalid hit counter", f"key {key[:12]}: {str(value)[:40]!r} counts as 0 and is reset")
@@ -542,7 +575,7 @@ class DiskStore(Store):
             if cache.add(entry.key, text):
                 return True
             with cache.transact():
-                there = self.decode(entry.key, cache.get(entry.key), warn=False)
+                there = self.decode(entry.key, cache.get_text(entry.key), warn=False)
                 if there is not None and not outranks(entry.decision, there.decision):
                     return False
                 cache.set(entry.key, text)

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from diskcache.core import DBNAME
 
-from prescreen.store.textdisk import SELECT_VALUE, TextDisk, fetch_row
+from prescreen.store.textdisk import TextDisk, fetch_row, select_value
 
 
 class ReadOnlyCache:
@@ -49,7 +48,7 @@ class ReadOnlyCache:
     def get(self, key: str) -> object:
         """The decoded value under ``key`` (text, int or ``Refused``), or None."""
         with self._lock:
-            row = self.con.execute(SELECT_VALUE, (key, time.time())).fetchone()
+            row = select_value(self.con, key)
         return fetch_row(self.disk, row)
 
     get_text = get  # what ``FastOpenCache`` reads a lookup's value with

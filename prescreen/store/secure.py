@@ -10,24 +10,34 @@ outside the cache. As OpenSSH does for ``~/.ssh``:
   directory, or any directory above it, that is owned by another user than
   the current one or root, or that group or others can write (a root-owned
   sticky directory such as ``/tmp`` is fine: nobody can rename what is in it).
-  A symlink counts as the directory it points to, and must itself be owned by
-  the current user or root.
+  A symlink counts as the directory it points to, and every symlink met on
+  the way from ``/`` down (a component of the path, or of a link's target)
+  must itself be owned by the current user or root, as OpenSSH's StrictModes
+  requires: whoever owns a link can re-point it at their own database.
 - ``create_private_file`` makes a file 0600 (``cache.db`` is created this way
   before SQLite opens it, and SQLite gives its ``-wal``/``-shm`` files the
   database's mode); ``TextDisk`` makes its ``.val`` files 0600 too.
 - ``value_file`` accepts only the names diskcache itself generates
   (``ab/cd/<28 hex>.val``), so no row can make prescreen read, write or
   delete a path outside the directory.
+- ``open_regular`` opens a file prescreen reads (a ``.val`` file, the signing
+  key file) with ``O_NOFOLLOW | O_NONBLOCK`` and checks that it is a regular
+  file before reading: a FIFO planted in its place is refused at once instead
+  of blocking the compile, a directory or device is refused too.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
 from pathlib import Path
 
 _VALUE_NAME = re.compile(r"[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{28}\.val")
+MAX_SYMLINKS = 40  # as Linux's ELOOP limit: more links on one path is a loop
+_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
+          stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFLNK: "a symlink"}
 
 
 class InsecureDirectory(Exception):
@@ -65,10 +75,7 @@ def private_directory(directory: Path) -> None:
 def check_directory(directory: Path) -> None:
     """Raise ``InsecureDirectory`` unless ``directory`` and every directory above it are safe (see module doc)."""
     try:
-        link = os.lstat(directory)
-        if stat.S_ISLNK(link.st_mode) and not _trusted_owner(link.st_uid):
-            raise InsecureDirectory(f"{directory} is a symlink owned by uid {link.st_uid}, not by you")
-        real = directory.resolve(strict=True)
+        real = _resolve_checking_links(directory)
     except OSError as exc:
         raise InsecureDirectory(f"cannot check {directory}: {exc}") from None
     path = real
@@ -84,6 +91,39 @@ def check_directory(directory: Path) -> None:
         if path == path.parent:
             return
         path = path.parent
+
+
+def _resolve_checking_links(directory: Path) -> Path:
+    """``directory`` resolved one component at a time from ``/``, as the kernel does; raises
+    ``InsecureDirectory`` at a symlink, on the path or in a link's target, owned by another user than you or
+    root (``OSError`` where a component cannot be read)."""
+    todo = list(reversed(os.path.join(os.getcwd(), directory).split("/")))
+    current, links = "/", 0
+    while todo:
+        name = todo.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            current = os.path.dirname(current)
+            continue
+        path = os.path.join(current, name)
+        st = os.lstat(path)
+        if not stat.S_ISLNK(st.st_mode):
+            current = path
+            continue
+        if not _trusted_owner(st.st_uid):
+            raise InsecureDirectory(
+                f"{path} (on the path to {directory}) is a symlink owned by uid {st.st_uid}, not by you "
+                f"(uid {current_uid()}) or root: its owner can point it elsewhere"
+            )
+        links += 1
+        if links > MAX_SYMLINKS:
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(directory))
+        target = os.readlink(path)
+        if target.startswith("/"):
+            current = "/"
+        todo.extend(reversed(target.split("/")))
+    return Path(current)
 
 
 def check_owned_file(path: Path) -> None:
@@ -113,3 +153,23 @@ def value_file(directory: str, filename: object) -> str | None:
     if not isinstance(filename, str) or not _VALUE_NAME.fullmatch(filename.replace(os.sep, "/")):
         return None
     return os.path.join(directory, filename)
+
+
+class NotRegularFile(OSError):
+    """A path prescreen reads that is not a regular file (a FIFO, a directory, a device); the message says which."""
+
+
+def open_regular(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
+    """A read-only descriptor of ``path`` and its ``fstat``, opened without following a symlink (``ELOOP``) or
+    waiting for a FIFO's writer (``O_NONBLOCK``); raises ``NotRegularFile`` unless it is a regular file, else
+    ``OSError`` as ``os.open``. The caller closes the descriptor."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = _KINDS.get(stat.S_IFMT(st.st_mode), "another kind of file")
+            raise NotRegularFile(errno.EINVAL, f"it is {kind}, not a regular file", os.fspath(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st

@@ -39,6 +39,7 @@ from pathlib import Path
 from prescreen.decision import DETAIL_FIELDS
 from prescreen.errors import ConfigError
 from prescreen.plan import canonical_json
+from prescreen.store.secure import NotRegularFile, open_regular
 
 SIGNING_KEY_ENV = "PRESCREEN_SIGNING_KEY"
 SIGNING_KEY_FILE_ENV = "PRESCREEN_SIGNING_KEY_FILE"
@@ -135,13 +136,12 @@ def canonical(payload: Mapping[str, object]) -> str:
 
 def _read_key_file(path: Path) -> bytes:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd, st = open_regular(path)  # a FIFO, a directory or a symlink is refused at once, never waited on
+    except NotRegularFile as exc:
+        raise ConfigError(f"{SIGNING_KEY_FILE_ENV}={str(path)!r}: {exc.strerror}") from None
     except OSError as exc:
         raise ConfigError(f"{SIGNING_KEY_FILE_ENV}={str(path)!r}: cannot read it ({exc.strerror})") from None
     with os.fdopen(fd, "rb") as handle:
-        st = os.fstat(handle.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"{SIGNING_KEY_FILE_ENV}={str(path)!r} is not a regular file")
         if st.st_mode & 0o077:
             raise ConfigError(
                 f"{SIGNING_KEY_FILE_ENV}={str(path)!r} has mode {stat.S_IMODE(st.st_mode):04o}; "

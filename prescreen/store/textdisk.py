@@ -8,9 +8,12 @@ treats as an invalid entry: nothing read from the cache is ever unpickled.
 
 Every file name a row gives is checked against the names diskcache itself
 makes (``secure.value_file``): a row naming ``../x`` or ``/etc/x`` is refused
-and never read, written or deleted. ``.val`` files are created 0600, read
-without following symlinks and only up to ``MAX_ENTRY_BYTES``; a row whose
-file is gone reads as ``Missing`` so the store can clean it.
+and never read, written or deleted. ``.val`` files are created 0600 and read
+only when regular files (``secure.open_regular``: no symlink, no FIFO to
+block on) of at most ``MAX_ENTRY_BYTES``, their size checked before the read;
+a row whose file is gone reads as ``Missing`` so the store can clean it.
+A value inline in ``cache.db`` is bounded the same way before SQLite loads it
+(``select_value``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import diskcache
 from diskcache.core import DBNAME, EVICTION_POLICY, MODE_BINARY, MODE_PICKLE, MODE_RAW, MODE_TEXT, UNKNOWN
 
 from prescreen.store.entry import MAX_ENTRY_BYTES
-from prescreen.store.secure import create_private_file, value_file
+from prescreen.store.secure import NotRegularFile, create_private_file, open_regular, value_file
 
 _MODE_NAMES = {MODE_RAW: "raw", MODE_BINARY: "binary", MODE_TEXT: "text", MODE_PICKLE: "pickle"}
 #: One text-keyed row's value, as ``diskcache.Cache.get`` selects it.
@@ -51,16 +54,17 @@ class Missing:
     why: str = "its value file is gone"
 
 
-def read_value_head(path: str, size: int) -> bytes:
-    """The first ``size`` bytes of a ``.val`` file, read without following a symlink (``OSError`` as ``open``)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as reader:
-        return reader.read(size)
-
-
 def read_value_file(path: str, limit: int = MAX_ENTRY_BYTES) -> str | Refused:
-    """The text of a ``.val`` file, without following a symlink and reading at most ``limit`` bytes."""
-    data = read_value_head(path, limit + 1)
+    """The text of a ``.val`` file: a regular file (``open_regular``: a symlink is ``ELOOP``, a FIFO never
+    blocks) of at most ``limit`` bytes, its size checked before reading; ``OSError`` as ``os.open``."""
+    try:
+        fd, st = open_regular(path)
+    except NotRegularFile as exc:
+        return Refused(f"its value file is not a regular file ({exc.strerror})")
+    with os.fdopen(fd, "rb") as reader:
+        if st.st_size > limit:
+            return Refused(f"its value file is over {limit} bytes ({st.st_size})")
+        data = reader.read(limit + 1)  # the file may have grown since fstat
     if len(data) > limit:
         return Refused(f"its value file is over {limit} bytes")
     try:
@@ -69,11 +73,27 @@ def read_value_file(path: str, limit: int = MAX_ENTRY_BYTES) -> str | Refused:
         return Refused("its value file is not UTF-8 text")
 
 
-def fetch_row(disk: diskcache.Disk, row: tuple[object, ...] | None) -> object:
-    """The value of a ``SELECT_VALUE`` row as ``disk.fetch`` gives it; None for no row, or where the value's
+def select_value(con: sqlite3.Connection, key: str) -> tuple[object, ...] | Refused | None:
+    """``key``'s ``SELECT_VALUE`` row, with no column over ``MAX_ENTRY_BYTES``: a longer value is ``Refused``
+    before it is loaded, by SQLite's length limit (a 128 MiB inline row: 0.2 ms and no memory, where checking
+    ``length()`` in SQL loads it, 0.6 s and 258 MiB). The limit is the connection's for this read only."""
+    old = con.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_ENTRY_BYTES)
+    try:
+        row: tuple[object, ...] | None = con.execute(SELECT_VALUE, (key, time.time())).fetchone()
+        return row
+    except sqlite3.DataError as exc:
+        if getattr(exc, "sqlite_errorname", "") != "SQLITE_TOOBIG":
+            raise
+        return Refused(f"its value in cache.db is over {MAX_ENTRY_BYTES} bytes")
+    finally:
+        con.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, old)
+
+
+def fetch_row(disk: diskcache.Disk, row: tuple[object, ...] | Refused | None) -> object:
+    """The value of a ``select_value`` row as ``disk.fetch`` gives it; None for no row, or where the value's
     file went away under the read (``diskcache.Cache.get`` says missing then too)."""
-    if row is None:
-        return None
+    if row is None or isinstance(row, Refused):
+        return row
     try:
         return disk.fetch(row[0], row[1], row[2], False)
     except OSError:
@@ -176,11 +196,12 @@ class FastOpenCache(diskcache.Cache):
 
         On diskcache's own fast path (no statistics, no per-get update) this is its one
         SELECT without ``get``'s general-purpose steps (key encoding, the columns only
-        ``expire_time``/``tag`` callers want): a lookup's read, inside a compile.
+        ``expire_time``/``tag`` callers want): a lookup's read, inside a compile. A value over
+        ``MAX_ENTRY_BYTES`` is refused before it is loaded (``select_value``).
         """
         if not self._plain_get:
             return self.get(key)
-        return fetch_row(self._disk, self._sql(SELECT_VALUE, (key, time.time())).fetchone())
+        return fetch_row(self._disk, select_value(self._con, key))
 
     @property
     def _sql_retry(self) -> Callable[..., sqlite3.Cursor]:
