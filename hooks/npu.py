@@ -11,9 +11,10 @@ Never weaker than torch_npu: the budget is read from the same objects the
 original method reads (its module's ``npu_config`` ratio and
 ``torch.npu.get_device_properties(device).total_memory``), and prescreen's own
 ratio or device memory can only lower it. Anything prescreen cannot mirror
-exactly (a torch_npu release whose semantics it has not been checked against, a
-config value upstream would not accept, a payload upstream would read
-differently, any error) calls the original method instead.
+exactly (grouping code other than the torch-npu 2.14.0 code it mirrors, whatever
+version the build reports: see ``prescreen.semantics``; a config value upstream
+would not accept; a payload upstream would read differently; any error) calls the
+original method instead.
 
 Also wraps ``NPUSymbolicGroupedAutotuner._autotune_all_groups``
 (``torch_npu._inductor.runtime.triton_heuristics``), the grouped benchmark run at
@@ -38,7 +39,7 @@ from typing import Any
 from prescreen.budget import Budget
 from prescreen.hooks import state
 from prescreen.plan import KernelPlan
-from prescreen.semantics import installed_npu_version, npu_semantics
+from prescreen.semantics import GROUPING_MODULE, installed_npu_version, why_not_mirrored
 from prescreen.service import lookup_or_decide
 
 log = logging.getLogger("prescreen.hooks")
@@ -68,11 +69,15 @@ def upstream_ratio(original: Callable[..., Any]) -> float:
 
 
 def config_ratio(config: object) -> float:
-    """``config.symbolic_group_max_benchmark_memory_ratio`` where torch_npu would accept it; else ``Defer``."""
+    """``config.symbolic_group_max_benchmark_memory_ratio`` where torch_npu would accept it; else ``Defer``.
+
+    An int stays an int: torch_npu's ``int(total_memory * ratio)`` multiplies by it
+    exactly, where ``float(ratio)`` would round a total above 2**53 bytes (up, at times).
+    """
     value = getattr(config, RATIO_ATTR, None)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise Defer(f"npu_config.{RATIO_ATTR}={value!r} is not a number")
-    ratio = float(value)
+    ratio = int(value) if isinstance(value, int) else float(value)
     if not math.isfinite(ratio) or not 0.0 < ratio <= 1.0:
         raise Defer(f"npu_config.{RATIO_ATTR}={value!r} is outside (0, 1]")
     return ratio
@@ -123,6 +128,8 @@ def budget_from(config: object, torch_mod: Any, device: Any) -> Budget:
     total = npu_total_memory(torch_mod, device)
     own_ratio, own_memory = state.overrides()
     if own_ratio is not None:
+        # A float below torch_npu's int ratio (1) cannot raise the budget over ``total``: its product
+        # rounds to at most the float next below float(total), and that float is below total.
         ratio = min(ratio, own_ratio)
     if own_memory is not None:
         total = min(total, own_memory)
@@ -132,10 +139,22 @@ def budget_from(config: object, torch_mod: Any, device: Any) -> Budget:
     return Budget("npu", total, ratio)
 
 
-def _check_semantics() -> None:
-    version = installed_npu_version()
-    if npu_semantics(version) is None:
-        raise Defer(f"torch_npu {version} is not a release whose grouped-footprint semantics prescreen mirrors")
+def _check_semantics(names: Mapping[str, Any]) -> None:
+    """``Defer`` unless the grouping code a torch_npu module (its globals, ``names``) calls is the code prescreen
+    mirrors: identified by that code itself, never by the version label alone (``prescreen.semantics``)."""
+    why = why_not_mirrored(names, installed_npu_version())
+    if why is not None:
+        raise Defer(why)
+
+
+def _runtime_names(autotuner: Any) -> Mapping[str, Any]:
+    """The globals the grouped autotuner's own method runs with, else the imported ``symbolic_grouping``'s."""
+    method = getattr(type(autotuner), RUNTIME_METHOD, None)
+    names = getattr(inspect.unwrap(method), "__globals__", None) if callable(method) else None
+    if isinstance(names, Mapping) and "build_group_representatives" in names:
+        return names
+    module = sys.modules.get(GROUPING_MODULE)
+    return vars(module) if module is not None else {}
 
 
 def guard(self: Any, inductor_meta: dict[str, Any], device: Any, original: Callable[..., Any]) -> None:
@@ -144,7 +163,7 @@ def guard(self: Any, inductor_meta: dict[str, Any], device: Any, original: Calla
         original(self, inductor_meta, device)
         return
     try:
-        _check_semantics()
+        _check_semantics(_upstream_globals(original))
         budget = npu_budget(original, device)
         plan = KernelPlan.from_payload(inductor_meta, unknown_keys="ignore")
         outcome = lookup_or_decide(plan, budget, state.get_store())
@@ -253,12 +272,12 @@ def first_config_choices(autotuner: Any) -> tuple[GroupChoice, ...]:
     so no candidate the grouped benchmark could not have picked is chosen.
     Nothing is allocated and nothing is launched here.
 
-    Raises ``Defer`` under a torch_npu release prescreen has not been checked
-    against, where the autotuner is not laid out as torch-npu 2.14's
+    Raises ``Defer`` where the grouping code is not the torch-npu 2.14.0 code
+    prescreen mirrors, where the autotuner is not laid out as torch-npu 2.14's
     ``NPUSymbolicGroupedAutotuner``, or where a group has no runnable candidate
     (torch_npu would fail there too): the caller then lets the error propagate.
     """
-    _check_semantics()
+    _check_semantics(_runtime_names(autotuner))
     plan = getattr(autotuner, "candidate_plan", None)
     groups = _sequence("candidate_plan['group_to_candidates']",
                        plan.get("group_to_candidates") if isinstance(plan, Mapping) else None)
@@ -298,7 +317,7 @@ def learn_from_oom(autotuner: Any, device: Any, requested_bytes: int | None, fre
     """
     from prescreen.service import record_observed_oom
 
-    _check_semantics()
+    _check_semantics(_runtime_names(autotuner))
     budget = budget_from(sys.modules.get(CONFIG_MODULE), sys.modules.get("torch"), device)
     plan = KernelPlan.from_payload(dict(getattr(autotuner, "inductor_meta", None) or {}), unknown_keys="ignore")
     outcome = record_observed_oom(plan, budget, state.get_store(), requested_bytes=requested_bytes,

@@ -194,11 +194,17 @@ def device_memory(device: object = None, override: str | int | None = None) -> D
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Budget:
-    """The bytes a benchmark may synthesize: ``int(total * ratio)``, inclusive."""
+    """The bytes a benchmark may synthesize: ``int(total * ratio)``, inclusive.
+
+    Computed as torch_npu's guard computes it: an int ratio (1, set in code on
+    torch_npu's config) multiplies the total exactly; a float one takes the float
+    product, rounded as there. So ``ratio`` keeps the type it was given: 1 and
+    1.0 give different budgets for totals above 2**53 bytes, and different keys.
+    """
 
     device_kind: str
     total_memory: int
-    ratio: float
+    ratio: float  # or an int
 
     @property
     def budget_bytes(self) -> int:

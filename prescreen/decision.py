@@ -31,7 +31,7 @@ class Decision:
     mutated_clone_bytes: int | None
     budget_bytes: int
     total_memory: int
-    ratio: float
+    ratio: float  # an int ratio stays an int: ``budget_bytes`` is exact for it (``Budget``)
     device_kind: str
     reason: str
     largest_group_id: int | None
@@ -105,7 +105,7 @@ class Decision:
             raise ValueError(f"bad ratio {ratio!r}")
         if lazy:
             decision = Decision(action, bounded, blockify, estimated, synthetic, mutated, budget_bytes, total,
-                                float(ratio), device_kind, reason, largest, None, (), version)
+                                ratio, device_kind, reason, largest, None, (), version)
             object.__delattr__(decision, "dominant_arg")  # unset: read through ``__getattr__``
             object.__delattr__(decision, "group_bytes")
             object.__setattr__(decision, "_details", details)
@@ -114,7 +114,7 @@ class Decision:
         group_bytes, sizes = _group_pairs(d["group_bytes"])
         dom = d["dominant_arg"]
         decision = Decision(action, bounded, blockify, estimated, synthetic, mutated, budget_bytes, total,
-                            float(ratio), device_kind, reason, largest,
+                            ratio, device_kind, reason, largest,
                             None if dom is None else ArgFootprint.from_payload(dom), group_bytes, version)
         _check_consistent(decision, sizes)
         return decision

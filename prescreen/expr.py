@@ -4,6 +4,14 @@ The payload form is the one torch_npu's Inductor writes into ``inductor_meta``:
 ``{"const": 3}``, ``{"axis_name": "x0"}``, ``{"runtime_arg_index": 2}``,
 ``{"mul": [a, b, ...]}``, ``{"add": [a, b, ...]}``, ``{"floordiv": [a, b]}``.
 A bare int is accepted as a constant.
+
+What is accepted is a subset of what torch-npu 2.14.0's
+``evaluate_grouped_benchmark_expr`` accepts, read to the same value (checked
+against the wheel over every payload form): a bare ``sympy.Integer`` (``S.One``,
+``S.Zero``) is not an int there, so it is "unsupported grouped benchmark
+expression" here too, while ``{"const": sympy.Integer(8)}`` is 8 in both. Forms
+torch_npu accepts and prescreen does not (a bool, a dict with several keys, an
+empty ``mul``) fail closed here; the torch_npu hook then lets torch_npu decide.
 """
 
 from __future__ import annotations
@@ -73,14 +81,11 @@ def _int(value: object, what: str) -> int:
 
 
 def expr_from_payload(payload: object) -> Expr:
-    """Parse one payload expression; an unknown node raises ``NotBounded``."""
+    """Parse one payload expression; an unknown node (a bare sympy Integer too, as upstream) raises ``NotBounded``."""
     if isinstance(payload, int) and not isinstance(payload, bool):
         return Const(int(payload))
-    as_int = _sympy_int(payload)
-    if as_int is not None:
-        return Const(as_int)
     if not isinstance(payload, Mapping) or len(payload) != 1:
-        raise NotBounded(Reason.UNKNOWN_EXPR, f"unsupported expression node {payload!r}")
+        raise NotBounded(Reason.UNKNOWN_EXPR, f"unsupported grouped benchmark expression {payload!r}")
     ((key, value),) = payload.items()
     if key == "const":
         return Const(_int(value, "const"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, Union, get_args
 
@@ -203,13 +204,16 @@ class PlanCache:
 
 
 def _dtype_name(value: object, field: str) -> str:
-    """``torch.float16`` objects and strings both become ``"torch.float16"``."""
+    """``torch.float16`` objects and strings both become ``"torch.float16"``.
+
+    As torch_npu reads a dtype: a string, or a ``torch.dtype`` (not anything that prints like one).
+    """
     if isinstance(value, str):
         return value
-    text = str(value)
-    if text.startswith("torch."):
-        return text
-    raise _bad(f"{field} must be a dtype name, got {value!r}")
+    torch = sys.modules.get("torch")  # not imported here: if torch is not loaded, nothing is a torch.dtype
+    if torch is not None and isinstance(value, torch.dtype):
+        return str(value)
+    raise _bad(f"{field} must be a dtype name or a torch.dtype, got {value!r}")
 
 
 def arg_from_payload(payload: object, where: str) -> ArgSpec:

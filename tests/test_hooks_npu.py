@@ -16,8 +16,10 @@ import types
 import npu_wheel
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from strategies import plan_payloads, upstream_meta
 
+from prescreen.budget import MEMORY_ENV, RATIO_ENV
 from prescreen.hooks import npu, state
 from prescreen.service import COUNTERS
 from prescreen.store import DiskStore
@@ -116,3 +118,36 @@ def test_patch_is_idempotent_and_reversible(upstream_kernel_cls) -> None:
     assert wrapped is not original and wrapped._prescreen_original_guard is original
     npu.unpatch_class(cls)
     assert cls._disable_grouped_autotune_if_benchmark_too_large is original
+
+
+_NEAR_2_53 = st.one_of(st.integers(2**53 - 16, 2**53 + 64), st.integers(2**60 - 64, 2**60 + 64))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    total=st.one_of(st.integers(1, 2**70), _NEAR_2_53),
+    ratio=st.one_of(st.sampled_from([1, 1.0, 1 - 2**-53]), st.floats(0.01, 1.0)),
+    own_ratio=st.one_of(st.none(), st.sampled_from([1.0, 1 - 2**-53]), st.floats(0.01, 1.0)),
+    own_memory=st.one_of(st.none(), st.integers(1, 2**60), _NEAR_2_53.filter(lambda n: n <= 2**60)),  # 1 EiB at most
+    fraction=st.one_of(st.none(), st.sampled_from([1 - 2**-53, 0.5]), st.floats(0.01, 0.999)),
+)
+def test_budget_is_torch_npus_arithmetic_and_overrides_only_lower_it(monkeypatch, total, ratio, own_ratio,
+                                                                     own_memory, fraction) -> None:
+    """torch_npu's ``int(total_memory * ratio)`` (exact for an int ratio; the float product for a float one),
+    whatever prescreen's ratio, memory and the per-process fraction do to it: at most that, and that without them."""
+    monkeypatch.delenv(RATIO_ENV, raising=False)
+    monkeypatch.delenv(MEMORY_ENV, raising=False)
+    device = types.SimpleNamespace(get_device_properties=lambda _d: types.SimpleNamespace(total_memory=total))
+    if fraction is not None:
+        device.get_per_process_memory_fraction = lambda _d: fraction
+    config = types.SimpleNamespace(symbolic_group_max_benchmark_memory_ratio=ratio)
+    state.reset()
+    try:
+        state.configure(ratio=own_ratio, device_memory=own_memory)
+        budget = npu.budget_from(config, types.SimpleNamespace(npu=device), "npu:0")
+    finally:
+        state.reset()
+    theirs = int(total * ratio)
+    assert budget.budget_bytes <= theirs
+    if own_ratio is None and own_memory is None and fraction is None:
+        assert budget.budget_bytes == theirs and type(budget.ratio) is type(ratio)

@@ -1,6 +1,6 @@
 """Never weaker than torch_npu: a differential property test against the 2.14.0 wheel's own guard.
 
-For random torch_npu config values (set in code, or through its variable before
+For random torch_npu config values (set in code, a float or the int 1, or through its variable before
 or after its config is imported), random prescreen overrides, random device
 memory and random plans in every payload shape, the class patched by
 ``prescreen.hooks.npu`` must never leave grouping on where the unpatched class
@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import collections
 import copy
+import importlib.util
 import os
+import sys
 import types
 from collections.abc import Iterator
+from pathlib import Path
 
 import npu_wheel
 import pytest
+import sympy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import plan_payloads, upstream_meta
@@ -105,7 +109,7 @@ def scenarios(draw: st.DrawFn) -> dict[str, object]:
     return {
         "payload": payload,
         "shape": shape,
-        "config_mode": draw(st.sampled_from(["default", "code", "env_before_import", "env_after_import"])),
+        "config_mode": draw(st.sampled_from(["default", "code", "code_int", "env_before_import", "env_after_import"])),
         "config_text": draw(RATIO_TEXTS),
         "later_env": draw(st.one_of(st.none(), RATIO_TEXTS)),
         "own_ratio": draw(st.one_of(st.none(), st.floats(min_value=0.01, max_value=1.0))),
@@ -123,6 +127,8 @@ def _config(scenario: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> obj
     if mode == "env_before_import":
         monkeypatch.setenv(NPU_RATIO_ENV, text)
     config = npu_wheel.import_upstream_npu_config()
+    if mode == "code_int":  # the int 1, as code may set it: torch_npu's budget is then exact
+        config.symbolic_group_max_benchmark_memory_ratio = 1
     if mode == "code":
         try:
             config.symbolic_group_max_benchmark_memory_ratio = float(text)
@@ -252,10 +258,223 @@ def test_unmirrored_torch_npu_release_defers(classes, tmp_path, monkeypatch) -> 
     monkeypatch.setattr(npu, "lookup_or_decide", lambda *a, **k: pytest.fail("prescreen decided for 2.15"))
     theirs, ours = _one(classes, upstream_meta(), 4000, npu_wheel.import_upstream_npu_config(), DiskStore(tmp_path))
     assert ours == theirs
-    assert semantics.npu_semantics("2.14.0") == "torch_npu-2.14"
-    assert semantics.npu_semantics("2.14.0.post2") == "torch_npu-2.14"
-    assert semantics.npu_semantics("2.15.0") is None
-    assert semantics.npu_semantics("banana") is None
+    assert semantics.series_allows("2.14.0") and semantics.series_allows("2.14.0.post2")
+    assert semantics.series_allows("2.14.0+git1a2b3c4") and semantics.series_allows(None)  # the code decides
+    assert not semantics.series_allows("2.15.0") and not semantics.series_allows("banana")
+
+
+# --- issue 29: source builds, foreign payload forms, an int ratio (each was laxer than torch_npu before) -------
+
+#: torch-npu 2.14.0 solves a closed bucket of a product with static axes for its symbolic axis by rounding up.
+_CEIL_2_14 = ("        target = upper if upper is not None else max(lower + 1, lower * 2)\n"
+              "        symbolic_axis_value = max(1, (target + static_factor - 1) // static_factor)\n")
+#: Ascend's master (its ``choose_symbolic_axis_value``) rounds down there, and drops a bucket no value reaches.
+_FLOOR_MASTER = ("        if upper is None:\n"
+                 "            target = max(lower + 1, lower * 2)\n"
+                 "            symbolic_axis_value = max(1, (target + static_factor - 1) // static_factor)\n"
+                 "        elif lower // static_factor + 1 > upper // static_factor:\n"
+                 "            return None\n"
+                 "        else:\n"
+                 "            symbolic_axis_value = max(1, upper // static_factor)\n")
+
+
+def _load_module(name: str, source: str, folder: Path) -> types.ModuleType:
+    """``source`` imported from a file under ``name`` (a real file, as an installed torch_npu's modules are)."""
+    path = folder / f"{name}.py"
+    path.write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def master_grouping(folder: Path) -> types.ModuleType:
+    """A stand-in of master's ``symbolic_grouping``: the 2.14.0 wheel's module with master's rounding."""
+    source = npu_wheel.upstream_source(npu_wheel.SYMBOLIC_GROUPING)
+    assert source.count(_CEIL_2_14) == 1, "the 2.14.0 wheel's rounding is not where this stand-in expects it"
+    return _load_module("_prescreen_master_symbolic_grouping", source.replace(_CEIL_2_14, _FLOOR_MASTER), folder)
+
+
+def _kernel_classes(grouping: types.ModuleType) -> tuple[type, type, dict[str, object]]:
+    """torch_npu's guard methods from the wheel, calling ``grouping``, and the same class patched by prescreen."""
+    upstream, namespace = npu_wheel.upstream_kernel_class(_MEMORY, types.SimpleNamespace())
+    for name in ("build_group_representatives", "estimate_grouped_benchmark_footprint", "UnsupportedGroupedPlan"):
+        namespace[name] = getattr(grouping, name)
+    hooked = type("HookedKernel", (upstream,), {})
+    npu.patch_class(hooked)
+    return upstream, hooked, namespace
+
+
+@pytest.fixture(scope="module")
+def master(tmp_path_factory: pytest.TempPathFactory) -> tuple[type, type, dict[str, object]]:
+    if npu_wheel.npu_wheel_path() is None:
+        pytest.skip(npu_wheel.unavailable_reason())
+    return _kernel_classes(master_grouping(tmp_path_factory.mktemp("master")))
+
+
+def pad_like() -> dict[str, object]:
+    """Issue 29's repro: ``x0 - 2`` rows of 64; x0 * 64 bucketed at 100 (2.14.0 picks x0 = 2, master x0 = 1)."""
+    return {
+        "kernel_name": "triton_poi_fused_constant_pad_nd_0",
+        "group_features": [{"name": "outer", "source": "outer_product", "axis_names": ["x0", "x1"], "buckets": [100]}],
+        "axis_names": ["x0", "x1"],
+        "axis_static_values": [["x1", 64]],
+        "ordered_arg_specs": [
+            {"kind": "tensor", "source": "buffer", "name": "in_ptr0", "dtype": "torch.float32", "device": "npu:0",
+             "size_exprs": [{"add": [{"axis_name": "x0"}, {"const": -2}]}, {"axis_name": "x1"}],
+             "stride_exprs": [{"axis_name": "x1"}, {"const": 1}]},
+        ],
+        "mutated_arg_names": [],
+    }
+
+
+#: What a source build of master reports: a local version label, or no distribution metadata at all; an
+#: unchanged version file says 2.14.0 outright.
+SOURCE_BUILD_VERSIONS = ["2.14.0+git1a2b3c4", None, "2.14.0"]
+
+
+@pytest.mark.parametrize("version", SOURCE_BUILD_VERSIONS)
+def test_a_source_build_of_master_defers_to_its_own_guard(master, classes, tmp_path, monkeypatch, caplog,
+                                                          version) -> None:
+    monkeypatch.delenv(NPU_RATIO_ENV, raising=False)
+    monkeypatch.delenv(RATIO_ENV, raising=False)
+    monkeypatch.setattr(npu, "installed_npu_version", lambda: version)
+    config = npu_wheel.import_upstream_npu_config()
+    # under the 2.14.0 code, both tune (x0 = 2: a (0, 64) tensor) and prescreen decides itself
+    assert _one(classes, pad_like(), 64 * GiB, config, DiskStore(tmp_path / "a")) == (True, True)
+    # under master's code, torch_npu picks x0 = 1 and falls back on "negative benchmark tensor size: (-1, 64)"
+    decided = []
+    monkeypatch.setattr(npu, "lookup_or_decide", lambda *a, **k: decided.append(a))
+    with caplog.at_level("INFO", logger="prescreen.hooks"):
+        assert _one(master, pad_like(), 64 * GiB, config, DiskStore(tmp_path / "b")) == (False, False)
+        assert _run(master[1], pad_like()) is False
+    assert decided == []
+    deferred = [r for r in caplog.records if "torch_npu's own check" in r.getMessage()]
+    assert len(deferred) == 1, [r.getMessage() for r in caplog.records]  # logged once
+    assert "build_group_representatives" in deferred[0].getMessage()
+
+
+def test_the_wheels_code_is_the_code_prescreen_mirrors() -> None:
+    from prescreen import semantics
+    from prescreen.budget import Budget
+    from prescreen.decision import decide
+    from prescreen.plan import KernelPlan
+
+    if npu_wheel.npu_wheel_path() is None:
+        pytest.skip(npu_wheel.unavailable_reason())
+    wheel = npu_wheel.load_upstream_symbolic_grouping()
+    assert semantics.module_digests(vars(wheel)) == semantics.MIRRORED_DIGESTS
+    assert semantics.probe(vars(wheel)) is None
+    assert semantics.why_not_mirrored(vars(wheel), "2.14.0+git1a2b3c4") is None
+    assert semantics.why_not_mirrored(vars(wheel), None) is None
+    assert "2.15.0" in str(semantics.why_not_mirrored(vars(wheel), "2.15.0"))
+    # the probe's expectations are prescreen's own answers too
+    plan = KernelPlan.from_payload({
+        "group_features": [dict(f) for f in semantics.PROBE_FEATURES], "axis_names": semantics.PROBE_AXES,
+        "axis_static_values": semantics.PROBE_STATICS, "ordered_arg_specs": semantics.PROBE_ARGS,
+        "mutated_arg_names": semantics.PROBE_MUTATED})
+    decision = decide(plan, Budget("npu", 2**40, 0.25))
+    assert decision.estimated_bytes == semantics.PROBE_TOTAL_BYTES
+    assert tuple(g for g, _ in decision.group_bytes) == semantics.PROBE_REACHABLE
+
+
+def test_master_fails_the_fingerprint_and_the_probe_each(master) -> None:
+    from prescreen import semantics
+
+    module = vars(sys.modules["_prescreen_master_symbolic_grouping"])
+    digests = semantics.module_digests(module)
+    assert [n for n in semantics.MIRRORED_NAMES if digests[n] != semantics.MIRRORED_DIGESTS[n]] == \
+        ["build_group_representatives"]
+    assert "x0', 1)" in str(semantics.probe(module))  # the closed bucket solved by a floor
+
+
+def test_same_source_other_behaviour_is_caught_by_the_probe(tmp_path) -> None:
+    """A module whose mirrored sources are 2.14.0's but whose globals change what they do (here ``max``)."""
+    from prescreen import semantics
+
+    if npu_wheel.npu_wheel_path() is None:
+        pytest.skip(npu_wheel.unavailable_reason())
+    source = npu_wheel.upstream_source(npu_wheel.SYMBOLIC_GROUPING) + "\n\ndef max(*values):\n    return min(values)\n"
+    module = _load_module("_prescreen_patched_symbolic_grouping", source, tmp_path)
+    assert semantics.module_digests(vars(module)) == semantics.MIRRORED_DIGESTS
+    why = semantics.why_not_mirrored(vars(module), "2.14.0")
+    assert why is not None and "probe plan" in why
+
+
+def test_code_without_readable_source_is_not_taken_for_2_14(tmp_path) -> None:
+    from prescreen import semantics
+
+    if npu_wheel.npu_wheel_path() is None:
+        pytest.skip(npu_wheel.unavailable_reason())
+    module = _load_module("_prescreen_sourceless_symbolic_grouping",
+                          npu_wheel.upstream_source(npu_wheel.SYMBOLIC_GROUPING), tmp_path)
+    (tmp_path / "_prescreen_sourceless_symbolic_grouping.py").unlink()  # as where only .pyc files are shipped
+    import linecache
+
+    linecache.clearcache()
+    why = semantics.why_not_mirrored(vars(module), "2.14.0")
+    assert why is not None and "cannot be read" in why
+    # a module whose function was rebound after import (the source no longer defines what runs)
+    module = _load_module("_prescreen_rebound_symbolic_grouping",
+                          npu_wheel.upstream_source(npu_wheel.SYMBOLIC_GROUPING), tmp_path)
+    module._feature_field = lambda spec, field: spec[field]  # type: ignore[attr-defined]
+    assert "_feature_field is not defined in" in str(semantics.why_not_mirrored(vars(module), "2.14.0"))
+    # a caller whose other imports are not that module's
+    wheel = npu_wheel.load_upstream_symbolic_grouping()
+    names = {"build_group_representatives": wheel.build_group_representatives, "UnsupportedGroupedPlan": RuntimeError}
+    assert "not that module's" in str(semantics.why_not_mirrored(names, "2.14.0"))
+
+
+SYMPY_FORMS = [
+    pytest.param(("size_exprs", 1), sympy.Integer(10), id="size-Integer"),
+    pytest.param(("stride_exprs", 1), sympy.S.One, id="stride-One"),
+    pytest.param(("stride_exprs", 0), sympy.Integer(10), id="stride-Integer"),
+    pytest.param(("size_exprs", 1), sympy.S.Zero, id="size-Zero"),
+    pytest.param(("size_exprs", 1), {"mul": [sympy.Integer(2), {"const": 5}]}, id="mul-operand"),
+    pytest.param(("size_exprs", 1), {"add": [sympy.S.Zero, 10]}, id="add-operand"),
+    pytest.param(("size_exprs", 1), {"floordiv": [{"const": 20}, sympy.Integer(2)]}, id="floordiv-operand"),
+]
+
+
+@pytest.mark.parametrize(("where", "form"), SYMPY_FORMS)
+def test_bare_sympy_integers_fail_closed_like_torch_npu(classes, tmp_path, monkeypatch, where, form) -> None:
+    monkeypatch.delenv(NPU_RATIO_ENV, raising=False)
+    monkeypatch.delenv(RATIO_ENV, raising=False)
+    meta = upstream_meta()
+    meta["ordered_arg_specs"][1][where[0]][where[1]] = form  # type: ignore[index]
+    config = npu_wheel.import_upstream_npu_config()
+    # torch_npu: "unsupported grouped benchmark expression" -> falls back, with 64 GiB to spare
+    assert _one(classes, meta, 64 * GiB, config, DiskStore(tmp_path)) == (False, False)
+
+
+def huge_plan(nbytes: int) -> dict[str, object]:
+    """Two groups, each synthesizing one uint8 tensor of ``nbytes // 2`` bytes (``nbytes`` even)."""
+    return {
+        "kernel_name": "triton_poi_fused_huge_0",
+        "group_features": [{"name": "outer", "source": "outer_product", "axis_names": ["x0"], "buckets": [8]}],
+        "axis_names": ["x0"],
+        "axis_static_values": [],
+        "ordered_arg_specs": [
+            {"kind": "tensor", "source": "buffer", "name": "in_ptr0", "dtype": "torch.uint8", "device": "npu:0",
+             "size_exprs": [{"const": nbytes // 2}], "stride_exprs": [{"const": 1}]},
+        ],
+        "mutated_arg_names": [],
+    }
+
+
+@pytest.mark.parametrize(("ratio", "tunes"), [(1, False), (1.0, True)])
+def test_the_budget_is_torch_npus_arithmetic_above_2_to_the_53(classes, tmp_path, monkeypatch, ratio, tunes) -> None:
+    """``int(total_memory * ratio)``: exact for an int ratio; for a float one, the float product torch_npu takes."""
+    monkeypatch.delenv(RATIO_ENV, raising=False)
+    total = 2**53 + 3  # float(total) == 2**53 + 4
+    plan = huge_plan(total + 1)  # one byte over an int ratio's budget; within the float product
+    config = types.SimpleNamespace(symbolic_group_max_benchmark_memory_ratio=ratio)
+    assert _one(classes, plan, total, config, DiskStore(tmp_path)) == (tunes, tunes)
+    (entry,) = DiskStore(tmp_path).entries()  # stored and read back under the same key
+    assert type(entry.parts.ratio) is type(ratio) and entry.parts.digest() == entry.key
+    assert entry.decision.tune is tunes and entry.decision.budget_bytes == int(total * ratio)
 
 
 # --- learning from a real OOM in torch_npu's grouped runtime benchmark ----------------------------------------
@@ -274,6 +493,8 @@ def test_oom_in_grouped_runtime_benchmark_makes_later_compiles_fall_back(classes
     namespace["npu_config"] = config
     _MEMORY["total"] = 64 * GiB  # the estimate fits easily: torch_npu and prescreen both tune
     monkeypatch.setitem(sys.modules, npu.CONFIG_MODULE, config)
+    # the fake autotuner below runs with this test's globals: the hook checks the imported symbolic_grouping
+    monkeypatch.setitem(sys.modules, npu.GROUPING_MODULE, npu_wheel.load_upstream_symbolic_grouping())
     monkeypatch.setattr(torch, "npu", namespace["torch"].npu, raising=False)  # what torch_npu's torch.npu reports
     store = DiskStore(tmp_path)
     state.reset()

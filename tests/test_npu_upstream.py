@@ -7,7 +7,10 @@ import math
 from types import ModuleType
 from unittest import mock
 
+import numpy
 import pytest
+import sympy
+import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from npu_wheel import (
@@ -24,6 +27,7 @@ from prescreen import footprint
 from prescreen.budget import Budget
 from prescreen.decision import decide
 from prescreen.errors import NotBounded
+from prescreen.expr import evaluate, expr_from_payload
 from prescreen.footprint import Footprint, estimate_footprint
 from prescreen.plan import KernelPlan
 from prescreen.representatives import Representatives, build_representatives
@@ -189,15 +193,93 @@ def test_known_cases_where_we_are_stricter(upstream: ModuleType, path: tuple[obj
     assert isinstance(ours(meta), NotBounded)
 
 
-def test_bare_sympy_integer_is_where_we_are_laxer(upstream: ModuleType) -> None:
-    """Upstream's codegen writes ``{"const": int(e)}``; a bare sympy.Integer we read as that constant."""
-    import sympy
+class _PrintsLikeADtype:
+    """Not a torch.dtype, though it prints like one."""
 
-    meta = _edit(IN_PTR0_DIM1, sympy.Integer(10))
-    assert isinstance(theirs(upstream, meta), upstream.UnsupportedGroupedPlan)
-    mine = ours(meta)
-    assert not isinstance(mine, NotBounded) and mine[2].total_bytes == 560
-    assert theirs(upstream, _edit(IN_PTR0_DIM1, {"const": sympy.Integer(10)}))[1].total_bytes == 560  # type: ignore[index]
+    def __str__(self) -> str:
+        return "torch.float16"
+
+
+#: Every leaf a payload expression may hold, Inductor's forms and others.
+LEAF_FORMS: list[object] = [
+    0, 3, -2, True, False, 2.0, "3", None, [3], (3,), numpy.int64(3),
+    sympy.Integer(8), sympy.S.One, sympy.S.Zero, sympy.S.NegativeOne,
+    {"const": 3}, {"const": -1}, {"const": True}, {"const": 2.7}, {"const": "3"}, {"const": None},
+    {"const": sympy.Integer(8)}, {"const": sympy.S.One}, {"const": numpy.int64(3)},
+    {"axis_name": "x0"}, {"axis_name": "nope"}, {"axis_name": 3}, {"axis_name": ""},
+    {"runtime_arg_index": 0}, {"runtime_arg_index": sympy.Integer(1)},
+    {"const": 3, "axis_name": "x0"}, {"pow": [2, 3]}, {},
+]
+
+
+def _payload_forms() -> list[object]:
+    """Each leaf alone and as every operand position of every operator, and the operators' malformed shapes."""
+    forms = list(LEAF_FORMS)
+    for leaf in LEAF_FORMS:
+        for op in ("mul", "add"):
+            forms += [{op: [leaf]}, {op: [leaf, {"axis_name": "x0"}]}, {op: ({"const": 2}, leaf)}, {op: leaf}]
+        forms += [{"floordiv": [leaf, 2]}, {"floordiv": [7, leaf]}, {"floordiv": [leaf]},
+                  {"mul": [{"add": [leaf, 1]}, 2]}]
+    for op in ("mul", "add", "floordiv"):
+        forms += [{op: []}, {op: "12"}, {op: [1, 2, 3]}]
+    return forms
+
+
+PAYLOAD_FORMS = _payload_forms()
+
+
+def _upstream_value(upstream: ModuleType, form: object, env: dict[str, int]) -> int | Exception:
+    try:
+        return upstream.evaluate_grouped_benchmark_expr(form, env)  # type: ignore[no-any-return]
+    except Exception as exc:  # whatever it raises, torch_npu's guard cannot size the plan
+        return exc
+
+
+def test_every_payload_form_we_read_is_read_alike_by_torch_npu(upstream: ModuleType) -> None:
+    """prescreen's parser accepts a subset of the wheel's, each to the same value; a bare sympy Integer is not in it.
+
+    Checked expression by expression (the reference evaluator) and as a tensor's size and stride in a
+    whole plan (the compiled estimator): wherever prescreen sizes a plan, torch_npu sizes it the same.
+    """
+    env = {"x0": 5}
+    both = stricter = 0
+    for form in PAYLOAD_FORMS:
+        theirs_value = _upstream_value(upstream, form, env)
+        try:
+            mine_value: int | NotBounded = evaluate(expr_from_payload(form), env)
+        except NotBounded as exc:
+            mine_value = exc
+        if isinstance(mine_value, NotBounded):
+            stricter += not isinstance(theirs_value, Exception)
+            continue
+        assert theirs_value == mine_value, (form, theirs_value, mine_value)
+        both += 1
+        for dim in (IN_PTR0_DIM1, ("ordered_arg_specs", 1, "stride_exprs", 0)):
+            meta = _edit(dim, form)
+            mine, other = ours(meta), theirs(upstream, meta)
+            if isinstance(mine, NotBounded):
+                continue  # a negative size or stride: both fail closed below
+            assert not isinstance(other, Exception), (form, other)
+            assert mine[2].total_bytes == other[1].total_bytes, form  # type: ignore[attr-defined]
+    for bare in (sympy.Integer(8), sympy.S.One, sympy.S.Zero):
+        assert isinstance(_upstream_value(upstream, bare, env), upstream.UnsupportedGroupedPlan)
+        assert isinstance(ours(_edit(IN_PTR0_DIM1, bare)), NotBounded)
+    print(f"\n{len(PAYLOAD_FORMS)} payload forms: {both} read alike, {stricter} only torch_npu reads, "
+          f"{len(PAYLOAD_FORMS) - both - stricter} neither")
+    assert both > 50 and stricter > 0
+
+
+@pytest.mark.parametrize("dtype", ["torch.float16", "float16", "half", "float", "torch.bool", "torch.nope", "Size",
+                                   "torch.torch.float16", "", torch.float16, torch.int8, _PrintsLikeADtype(), 3,
+                                   None, ["torch.float16"]])
+def test_every_dtype_form_we_read_is_read_alike_by_torch_npu(upstream: ModuleType, dtype: object) -> None:
+    meta = _edit(("ordered_arg_specs", 1, "dtype"), dtype)
+    mine, other = ours(meta), theirs(upstream, meta)
+    if isinstance(mine, NotBounded):
+        assert isinstance(other, Exception), (dtype, other)  # no dtype torch_npu reads is refused here
+    else:
+        assert not isinstance(other, Exception), (dtype, other)
+        assert mine[2].total_bytes == other[1].total_bytes  # type: ignore[attr-defined]
 
 
 def _class(tree: ast.Module, name: str) -> ast.ClassDef:
