@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import multiprocessing
+import socket
 import threading
+import time
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -171,3 +175,125 @@ def test_password_is_redacted() -> None:
     assert redact_url("rediss://:s3cret@h/0") == "rediss://:***@h/0"
     assert redact_url("redis://h:1/0") == "redis://h:1/0"
     assert "s3cret" not in RedisStore("redis://:s3cret@127.0.0.1:1/0").location
+
+
+# -- bounded: sizes and time ----------------------------------------------------------------------
+
+HUGE = 128 * 2**20
+
+
+def test_a_huge_value_is_never_read(store: RedisStore, client: redis.Redis) -> None:
+    # Before: a put over a 128 MiB value read it whole (1.7 s, 399 MiB) to see whether it was valid.
+    entry = make_entry(41)
+    client.setrange(store.entry_key(entry.key), HUGE - 1, b"x")  # made by the server: nothing crosses the link
+    tracemalloc.start()
+    try:
+        started = time.monotonic()
+        assert store.get(entry.key) is None
+        assert store.put(entry)  # the huge value is invalid: replaced
+        took = time.monotonic() - started
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20, peak
+    assert took < 1.0, took
+    got = store.get(entry.key)
+    assert got is not None and got.decision == entry.decision
+
+
+@contextlib.contextmanager
+def dripping_proxy(port: int, chunk: int = 64, every: float = 0.25) -> Iterator[int]:
+    """A TCP proxy to the redis-server on ``port`` that passes requests on at once and drips each reply back,
+    ``chunk`` bytes every ``every`` seconds (a slow, lossy link); yields its own port."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)
+    stop = threading.Event()
+
+    def pump(source: socket.socket, sink: socket.socket, drip: bool) -> None:
+        try:
+            while not stop.is_set():
+                data = source.recv(65536)
+                if not data:
+                    return
+                step = chunk if drip else len(data)
+                for start in range(0, len(data), step):
+                    sink.sendall(data[start : start + step])
+                    if drip and stop.wait(every):
+                        return
+        except OSError:
+            return
+        finally:
+            for sock in (source, sink):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                down, _ = listener.accept()
+            except TimeoutError:
+                continue
+            up = socket.create_connection(("127.0.0.1", port))
+            threading.Thread(target=pump, args=(down, up, False), daemon=True).start()
+            threading.Thread(target=pump, args=(up, down, True), daemon=True).start()
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        server.join(5)
+        listener.close()
+
+
+def test_a_dripping_link_costs_at_most_the_timeout(redis_url: str, client: redis.Redis, tmp_path: Path) -> None:
+    # Before: 64 B every 0.25 s never let one read wait the 0.5 s timeout: a lookup took the whole drip (~9 s
+    # for a 2.3 KB entry), on the compile's thread.
+    plan, entry = make_plan(42), make_entry(42)
+    with RedisStore(redis_url) as direct:
+        assert direct.put(entry)
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    with dripping_proxy(port) as slow:
+        url = f"redis://127.0.0.1:{slow}/0"
+        with RedisStore(url, timeout=0.5) as remote:
+            started = time.monotonic()
+            assert remote.get(entry.key) is None
+            assert time.monotonic() - started < 1.5
+        with TieredStore(DiskStore(tmp_path / "local"), RedisStore(url, timeout=0.5)) as tiered:
+            started = time.monotonic()
+            outcome = lookup_or_decide(plan, BUDGET, tiered)  # decided locally once the deadline passed
+            took = time.monotonic() - started
+    assert not outcome.hit and outcome.decision == decide(plan, BUDGET)
+    assert took < 1.5, took
+
+
+def test_a_running_replica_serves_a_remote_observed_oom_within_the_recheck(redis_url: str, client: redis.Redis,
+                                                                          tmp_path: Path) -> None:
+    """Replica B decided ``tune`` (in its local tier and in Redis) and keeps looking the plan up; replica A, with
+    a local tier of its own, records an observed OOM for it: B falls back within its recheck (0.5 s here, for
+    the tiered store and for the service's memory of a tune), not never."""
+    import time
+
+    from test_store_support import fact_child, fact_result
+
+    def tiered(name: str) -> dict[str, object]:
+        return {"tiered": [str(tmp_path / name), redis_url], "recheck": 0.5}
+
+    ready = tmp_path / "ready"
+    watcher = fact_child({"store": tiered("b"), "seed": 40, "do": "watch", "tune_recheck": 0.5, "ready": str(ready),
+                          "timeout": 20})
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        assert watcher.poll() is None and time.monotonic() < deadline, "the watching replica did not start"
+        time.sleep(0.05)
+    time.sleep(1.0)  # B serves its tune from memory and from its local tier meanwhile
+    recorded = fact_result(fact_child({"store": tiered("a"), "seed": 40, "do": "record"}))
+    written_at = time.time()
+    assert not recorded["held"]
+    seen = fact_result(watcher)
+    assert seen["observed"] and seen["seen_at"] is not None, seen
+    assert seen["seen_at"] - written_at < 5.0, seen  # 2 x 0.5 s, and a loaded machine's delays
+    with DiskStore(tmp_path / "b") as local_b:  # the fact replaced B's local tune
+        got = local_b.get(make_entry(40).key)
+        assert got is not None and got.decision.action == "fallback"

@@ -6,15 +6,22 @@ hash tag, so both live in one slot). ``put`` is ``SET NX``; an invalid value, or
 valid one a stricter entry outranks (``entry.outranks``), is replaced under ``WATCH``. A hit reads the value and increments the counter in
 one round trip (a Lua script; plain GET + INCR where scripting is refused).
 
-Faults: sockets time out after ``timeout`` (0.5 s) and redis-py's own retries
-are off; an unreachable server is warned about once and not contacted again
-for ``cooldown`` seconds, so a compile never waits on a dead Redis.
+Faults: a lookup or a put has ``timeout`` (0.5 s) in all, however the
+server answers (``_Deadline``: every receive and send waits only for what is
+left, so a link that drips a few bytes at a time costs the timeout, not each
+read's timeout over and over); other commands have it each. redis-py's own
+retries are off; an unreachable or too slow server is warned about once and not
+contacted again for ``cooldown`` seconds, so a compile never waits on a dead
+Redis and decides locally. A value is read only once its size is known to be
+within ``MAX_ENTRY_BYTES`` (``STRLEN`` first, in the Lua script or not).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import socket
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -65,11 +72,10 @@ _SECRET_PARAMS = re.compile(r"(?i)([?&;](?:password|passwd|pass|pwd|secret|token
 
 
 def _userinfo(url: str) -> tuple[int, int] | None:
-    """Where the ``user:password`` part of ``url`` is: between ``://`` and the last ``@`` before any query."""
+    """Where the ``user:password`` part of ``url`` is: between ``://`` (or the start, where a scheme was left
+    out: ``user:PASSWORD@host:6379/0``) and the last ``@`` before any query."""
     start = url.find("://")
-    if start < 0:
-        return None
-    start += 3
+    start = 0 if start < 0 else start + 3
     head = url.split("?", 1)[0]
     at = head.rfind("@")
     return (start, at) if at >= start else None
@@ -104,6 +110,86 @@ def scrub(text: str, url: str) -> str:
     for secret in _secrets(url):
         text = text.replace(secret, "***")
     return text
+
+
+class _Deadline(threading.local):
+    """When the request in flight on this thread must be done by (``time.monotonic``), if it has one."""
+
+    at: float | None = None  # one store call: a lookup, a put (``RedisStore._call``)
+    span: float | None = None  # per command: each command sent gets this many seconds from its send
+
+
+class _DeadlineSocket:
+    """A connected socket (plain, TLS or Unix) whose receives and sends wait at most until ``deadline.at``.
+
+    redis-py's ``socket_timeout`` bounds each ``recv``; a server that answers 64 B every 0.25 s never trips
+    it. Here every ``recv``/``send`` gets only the time left (``TimeoutError`` once none is left, which
+    redis-py turns into ``redis.TimeoutError`` and a dropped connection); everything else is the socket's.
+    """
+
+    def __init__(self, sock: socket.socket, deadline: _Deadline) -> None:
+        self._sock, self._deadline, self._timeout = sock, deadline, sock.gettimeout()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._sock, name)
+
+    def settimeout(self, value: float | None) -> None:
+        self._timeout = value
+        self._sock.settimeout(value)
+
+    def gettimeout(self) -> float | None:
+        return self._timeout
+
+    def _arm(self) -> None:
+        at, timeout = self._deadline.at, self._timeout
+        if at is None or timeout == 0:  # no deadline, or a non-blocking poll
+            self._sock.settimeout(timeout)
+            return
+        left = at - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request's deadline passed")
+        self._sock.settimeout(left if timeout is None else min(left, timeout))
+
+    def recv(self, *args: int) -> bytes:
+        self._arm()
+        return self._sock.recv(*args)
+
+    def recv_into(self, *args: object) -> int:
+        self._arm()
+        return self._sock.recv_into(*args)  # type: ignore[arg-type]
+
+    def send(self, *args: object) -> int:
+        self._arm()
+        return self._sock.send(*args)  # type: ignore[arg-type]
+
+    def sendall(self, *args: object) -> None:
+        self._arm()
+        self._sock.sendall(*args)  # type: ignore[arg-type]
+
+
+def _with_deadline(base: type[redis.connection.AbstractConnection],
+                   deadline: _Deadline) -> type[redis.connection.AbstractConnection]:
+    """``base`` (the pool's connection class: TCP, TLS or Unix) with its sockets held to ``deadline``, the
+    connect's timeout to the time left, and a per-command deadline armed at each send."""
+
+    class DeadlineConnection(base):  # type: ignore[valid-type,misc]
+        def _connect(self) -> _DeadlineSocket:
+            configured: float | None = self.socket_connect_timeout  # type: ignore[has-type]
+            if deadline.at is not None:
+                left = max(deadline.at - time.monotonic(), 0.001)
+                self.socket_connect_timeout = left if configured is None else min(configured, left)
+            try:
+                return _DeadlineSocket(super()._connect(), deadline)
+            finally:
+                self.socket_connect_timeout = configured  # type: ignore[assignment]
+
+        def send_packed_command(self, command: object, check_health: bool = True) -> None:
+            if deadline.span is not None:
+                deadline.at = time.monotonic() + deadline.span
+            super().send_packed_command(command, check_health)
+
+    DeadlineConnection.__name__ = DeadlineConnection.__qualname__ = f"Deadline{base.__name__}"
+    return DeadlineConnection
 
 
 class _Refused:
@@ -160,6 +246,10 @@ class RedisStore(Store):
             )
         except ValueError as exc:
             raise ConfigError(f"{REDIS_URL_ENV}={self.location!r} is not a Redis URL: {scrub(str(exc), url)}") from None
+        self.timeout = timeout
+        self._deadline = _Deadline()
+        pool = self._client.connection_pool
+        pool.connection_class = _with_deadline(pool.connection_class, self._deadline)
         self._script = self._client.register_script(_GET_AND_COUNT)
         self._use_script = True
         self._down_until = 0.0
@@ -184,11 +274,17 @@ class RedisStore(Store):
             return None
         return text[len(head) : -1]
 
-    def _call(self, op: Callable[[], T], default: T, force: bool = False) -> T:
+    def _call(self, op: Callable[[], T], default: T, force: bool = False, per_command: bool = False) -> T:
         """``op``, or ``default`` on a fault or while the server is left alone (``force``: a fact's write, tried
-        even then)."""
+        even then). ``op`` has ``timeout`` in all (``per_command``: each command it sends has, for a scan or a
+        batch of any length)."""
         if not force and time.monotonic() < self._down_until:
             return default
+        deadline = self._deadline
+        if per_command:
+            deadline.span = self.timeout
+        else:
+            deadline.at = time.monotonic() + self.timeout
         try:
             result = op()
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
@@ -200,6 +296,8 @@ class RedisStore(Store):
             self._healthy = False
             self.warn_once("Redis error", exc)
             return default
+        finally:
+            deadline.at = deadline.span = None
         self._healthy = True
         return result
 
@@ -226,16 +324,24 @@ class RedisStore(Store):
                 return reply[0], self._counter(key, reply[1])
         return self._fetch_plain(key, names)
 
-    def _fetch_plain(self, key: str, names: list[str]) -> tuple[object, int]:
-        kind = _text(self._client.type(names[0]))
+    @staticmethod
+    def _read_value(client: redis.Redis | redis.client.Pipeline, name: str) -> object:
+        """The value under ``name``, read only once ``TYPE`` and ``STRLEN`` say it is a string within
+        ``MAX_ENTRY_BYTES`` (else ``_Refused``, unread); None when there is none."""
+        kind = _text(client.type(name))
         if kind == "none":
-            return None, 0
+            return None
         if kind != "string":
-            return _Refused(f"a Redis {kind}, not a string"), 0
-        size = int(self._client.strlen(names[0]))
+            return _Refused(f"a Redis {kind}, not a string")
+        size = int(client.strlen(name))
         if size > MAX_ENTRY_BYTES:
-            return _Refused(f"a value of {size} bytes, over the cap"), 0
-        value = self._client.get(names[0])
+            return _Refused(f"a value of {size} bytes, over the cap")
+        return client.get(name)
+
+    def _fetch_plain(self, key: str, names: list[str]) -> tuple[object, int]:
+        value = self._read_value(self._client, names[0])
+        if value is None or isinstance(value, _Refused):
+            return value, 0
         if not self.count_hits:
             try:
                 return value, self._counter(key, self._client.get(names[1]) or b"0")
@@ -270,7 +376,7 @@ class RedisStore(Store):
             with self._client.pipeline() as pipe:
                 try:
                     pipe.watch(name)  # type: ignore[no-untyped-call]
-                    there = self.decode(entry.key, pipe.get(name), warn=False)
+                    there = self.decode(entry.key, self._read_value(pipe, name), warn=False)
                     if there is not None and not outranks(entry.decision, there.decision):
                         return False
                     pipe.multi()
@@ -290,7 +396,7 @@ class RedisStore(Store):
             found = (self._key_of(k) for k in self._client.scan_iter(match=self.prefix + "{*}", count=1000))
             return [k for k in found if k]
 
-        return self._call(scan, [])
+        return self._call(scan, [], per_command=True)
 
     def _read_batch(self, batch: list[str]) -> list[tuple[object, object]]:
         """(value, counter) for each key; a value over the size cap or not a string comes back refused, unread."""
@@ -319,7 +425,7 @@ class RedisStore(Store):
         keys = self.keys()
         for start in range(0, len(keys), _BATCH):
             batch = keys[start : start + _BATCH]
-            rows = self._call(lambda batch=batch: self._read_batch(batch), None)  # type: ignore[misc]
+            rows = self._call(lambda batch=batch: self._read_batch(batch), None, per_command=True)  # type: ignore[misc]
             if rows is None:
                 return
             for key, (value, counter) in zip(batch, rows):
@@ -336,7 +442,7 @@ class RedisStore(Store):
                 self._client.delete(*[self.hits_key(k) for k in batch])
             return removed
 
-        return self._call(remove, 0) if keys else 0
+        return self._call(remove, 0, per_command=True) if keys else 0
 
     def clear_all(self) -> int:
         keys = self.keys()
@@ -347,7 +453,7 @@ class RedisStore(Store):
                 self._client.delete(*names[start : start + _BATCH])
             return len(keys)
 
-        return self._call(clear, 0)
+        return self._call(clear, 0, per_command=True)
 
     def stats(self) -> StoreStats:
         self._down_until = 0.0  # an explicit stats call always tries
