@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -272,6 +277,55 @@ def test_a_fact_written_without_this_prescreen_is_served_to_the_step(gpu_like: D
     gpu_like._cache.set(fact.key, fact.to_json())
     timings = triton_autotune._wrap(FakeAutotuner.benchmark_all_configs)(tuner, *_args())
     assert tuner.benchmarked == 0 and min(timings, key=timings.get) is tuner.launchers[0]
+
+
+def test_a_cache_db_renamed_into_place_is_served_at_the_next_step(gpu_like: DiskStore, tmp_path: Path) -> None:
+    """A ``cache.db`` holding an observed OOM for a step is renamed over the open store's (a copy deployed, a
+    recovery elsewhere): the very next runtime step reads it and falls back (the runtime screen benchmarked
+    such steps for 7 s and more)."""
+    from prescreen.hooks import state, triton_autotune
+
+    guarded = triton_autotune._wrap(FakeAutotuner.benchmark_all_configs)
+    warmup = FakeAutotuner(raise_oom=False)
+    guarded(warmup, torch.zeros(8, 8), torch.zeros(8, 8), 64)  # the store is open and has been read
+    tuner = FakeAutotuner(raise_oom=True)
+    plan = triton_autotune.plan_for_autotuner(tuner, _args(), {})
+    budget = state.budget_for(torch.device("cuda", 0))
+    with DiskStore(tmp_path / "elsewhere") as other:
+        record_observed_oom(plan, budget, other, requested_bytes=1, free_bytes=2)
+    live = sqlite3.connect(gpu_like.directory / "cache.db")
+    live.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()  # a quiet moment: no write-ahead log left to
+    live.close()  # replay (SQLite would lay it over whatever file is then named cache.db)
+    os.replace(tmp_path / "elsewhere" / "cache.db", gpu_like.directory / "cache.db")
+    timings = guarded(tuner, *_args())
+    assert tuner.benchmarked == 0 and min(timings, key=timings.get) is tuner.launchers[0]
+
+
+HOOKED_AND_KILLED = r"""
+import os, signal, sys
+sys.path.insert(0, sys.argv[2])
+import torch
+from test_oom_retry import FakeAutotuner
+from prescreen.hooks import state, triton_autotune
+from prescreen.store import DiskStore
+triton_autotune._device_of = lambda named: torch.device("cuda", 0)
+state.configure(store=DiskStore(sys.argv[1]), device_memory="64GiB", ratio=0.25)
+guarded = triton_autotune._wrap(FakeAutotuner.benchmark_all_configs)
+for n in range(1, 21):
+    guarded(FakeAutotuner(raise_oom=False), torch.zeros(n, 8), torch.zeros(n, 8), 8 * n)
+os.kill(os.getpid(), signal.SIGKILL)  # no flush, no close, no exit handler
+"""
+
+
+def test_every_runtime_step_s_decision_is_stored_before_a_sigkill(tmp_path: Path) -> None:
+    """Acknowledged means written: a guarded step's decision is in the store before the step goes on, so a
+    process killed outright right after its steps loses none (a queued write was lost then)."""
+    tests = str(Path(__file__).parent)
+    proc = subprocess.run([sys.executable, "-c", HOOKED_AND_KILLED, str(tmp_path), tests], timeout=300)
+    assert proc.returncode == -signal.SIGKILL
+    with DiskStore(tmp_path) as store:
+        stored = list(store.entries())
+    assert len(stored) == 20 and all(e.decision.tune for e in stored)
 
 
 def test_warm_sees_every_step(gpu_like: DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,41 @@ def test_stampede_on_one_key_stores_one_value(tmp_path: Path) -> None:
         assert len(store.keys()) == 1
         entry = store.get(build_key(make_plan(4242), BUDGET)[0])
     assert entry is not None and entry.pid == winners[0] and entry.decision == fresh
+
+
+# -- acknowledged means written; another process's fact reaches a running one ------------------------------
+
+def test_a_lookups_hit_counts_are_written_at_close(tmp_path: Path) -> None:
+    """Hit counts are statistics: a lookup never writes them (no commit on a decision's read); close does."""
+    with DiskStore(tmp_path) as store:
+        outcome = lookup_or_decide(make_plan(12), BUDGET, store)
+        store._hits.flushed_at = 0.0  # long due
+        writes: list[int] = []
+        real = store.flush_hits
+        store.flush_hits = lambda: (writes.append(1), real())[-1]  # type: ignore[method-assign]
+        for _ in range(3):
+            assert store.lookup(outcome.key) is not None
+        assert writes == []
+    with DiskStore(tmp_path) as again:
+        entry = again.get(outcome.key)
+        assert entry is not None and entry.hits == 4  # three lookups and this get
+
+
+def test_a_running_process_serves_another_process_s_fact_within_the_recheck(tmp_path: Path) -> None:
+    """Process B decided ``tune`` and keeps looking the plan up (answered from its memory); process A records
+    an observed OOM for it: B falls back within ``TUNE_RECHECK_SECONDS`` (0.5 s here), not never."""
+    from test_store_support import fact_child, fact_result
+
+    ready = tmp_path / "ready"
+    store = {"disk": str(tmp_path / "s")}
+    watcher = fact_child({"store": store, "seed": 41, "do": "watch", "tune_recheck": 0.5, "ready": str(ready),
+                          "timeout": 20})
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        assert watcher.poll() is None and time.monotonic() < deadline, "the watching process did not start"
+        time.sleep(0.05)
+    time.sleep(1.0)
+    assert not fact_result(fact_child({"store": store, "seed": 41, "do": "record"}))["held"]
+    written_at = time.time()
+    seen = fact_result(watcher)
+    assert seen["observed"] and seen["seen_at"] is not None and seen["seen_at"] - written_at < 5.0, seen

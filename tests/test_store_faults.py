@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing
 import os
 import sqlite3
 import stat
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from test_store_support import BUDGET, make_entry, make_plan, warnings_of
+from test_store_support import BUDGET, fact_child, make_entry, make_plan, warnings_of
 
-from prescreen.decision import decide
+from prescreen import service
+from prescreen.decision import decide, is_observed_oom
 from prescreen.plan import KernelPlan
-from prescreen.service import lookup_or_decide
+from prescreen.service import Outcome, forget, lookup_or_decide, record_observed_oom
 from prescreen.store import DiskStore
 from prescreen.store.entry import Entry
 from prescreen.store.recovery import LOCK_NAME, recovery_lock
@@ -234,6 +237,111 @@ def test_database_locked_exclusively_before_open(tmp_path: Path, caplog) -> None
     assert store.get(entry_of(0).key) is not None  # reopened once the lock was gone
     assert store.put(entry_of(60))
     store.close()
+
+
+# -- an observed OOM through a locked database ------------------------------------------------------------
+
+HOLD_LOCK = ("import sqlite3, sys, time\n"
+             "con = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)\n"
+             "con.execute('BEGIN EXCLUSIVE')\n"
+             "print('locked', flush=True)\n"
+             "time.sleep(float(sys.argv[2]))\n"
+             "con.execute('ROLLBACK')\n")
+
+
+def hold_write_lock(database: Path, seconds: float) -> subprocess.Popen[str]:
+    """Another process holding ``database``'s write lock for ``seconds`` (returns once it holds it)."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(database), str(seconds)], text=True,
+                            stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+@pytest.fixture
+def no_held_facts() -> Iterator[None]:
+    """Whatever a test leaves in this process's table of facts not yet written is dropped after it."""
+    yield
+    service._held.clear()
+
+
+FACT_SEED = 72  # a plan that tunes
+
+
+def test_an_observed_oom_is_written_through_a_briefly_locked_database(tmp_path: Path, no_held_facts: None) -> None:
+    """Another connection holds the write lock for 0.8 s: the fact is written once it is released, before
+    ``record_observed_oom`` returns, and no write is paused for it."""
+    directory = tmp_path / "cache"
+    fill(directory, range(2))
+    with DiskStore(directory) as store:
+        plan = plan_of(FACT_SEED)
+        assert lookup_or_decide(plan, BUDGET, store).decision.tune  # a computed tune under the key
+        holder = hold_write_lock(directory / "cache.db", 0.8)
+        try:
+            fact = run_guarded(lambda: record_observed_oom(plan, BUDGET, store, requested_bytes=1, free_bytes=2))
+        finally:
+            holder.wait(30)
+        assert isinstance(fact, Outcome)
+        assert store.put(entry_of(FACT_SEED + 2))  # writes go on
+    with DiskStore(directory) as again:  # another opener reads the fact
+        got = again.get(fact.key)
+        assert got is not None and is_observed_oom(got.decision)
+    assert fact.key not in service._held
+
+
+def test_a_fact_that_cannot_be_written_is_kept_in_the_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, no_held_facts: None
+) -> None:
+    """The lock is held longer than the fact's wait: the process keeps the fact (every lookup of its key falls
+    back, its memory dropped or not), says so once, and writes it at a lookup once the lock is gone."""
+    monkeypatch.setattr(service, "FACT_WAIT_SECONDS", 0.3, raising=False)
+    directory = tmp_path / "cache"
+    fill(directory, range(2))
+    store = DiskStore(directory, write_wait=0.2)
+    holder = hold_write_lock(directory / "cache.db", 60)
+    try:
+        with caplog.at_level(logging.WARNING, logger="prescreen"):
+            facts = [record_observed_oom(plan_of(seed), BUDGET, store, requested_bytes=1, free_bytes=2)
+                     for seed in (FACT_SEED, FACT_SEED + 2)]
+        forget(store)
+        for _ in range(2):
+            outcome = lookup_or_decide(plan_of(FACT_SEED), BUDGET, store)
+            assert is_observed_oom(outcome.decision) and outcome.decision == facts[0].decision
+        said = [r.getMessage() for r in caplog.records if "could not write an observed out-of-memory" in r.getMessage()]
+        assert len(said) == 1, said
+        assert [f.key in service._held for f in facts] == [True, True]
+    finally:
+        holder.kill()
+        holder.wait(30)
+    monkeypatch.setattr(service, "_retry_at", 0.0)  # the next try is due
+    lookup_or_decide(plan_of(1), BUDGET, store)  # any lookup tries the held facts again
+    assert not service._held
+    for fact in facts:
+        got = store.get(fact.key)
+        assert got is not None and is_observed_oom(got.decision)
+    store.close()
+
+
+def test_a_fact_kept_in_the_process_is_written_at_exit(tmp_path: Path) -> None:
+    """A process that could not write its fact (the lock held throughout) writes it when it exits normally."""
+    directory = tmp_path / "cache"
+    fill(directory, range(2))
+    gate = tmp_path / "exit"
+    holder = hold_write_lock(directory / "cache.db", 60)
+    try:
+        child = fact_child({"store": {"disk": str(directory), "write_wait": 0.2}, "seed": FACT_SEED, "do": "record",
+                            "fact_wait": 0.3, "exit_after": str(gate)})
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        assert line.startswith("RESULT ") and json.loads(line[len("RESULT "):])["held"], line
+    finally:
+        holder.kill()
+        holder.wait(30)
+    gate.touch()
+    _out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    with DiskStore(directory) as store:
+        got = store.get(entry_of(FACT_SEED).key)
+        assert got is not None and is_observed_oom(got.decision), err
 
 
 # -- read-only, unopenable, full -------------------------------------------------

@@ -11,7 +11,16 @@ import pytest
 import redis
 from click.testing import CliRunner
 from test_store_redis import client, redis_url  # noqa: F401  (fixtures: a redis-server on loopback)
-from test_store_support import BUDGET, entry_fields, entry_text, make_entry, make_plan, warnings_of
+from test_store_support import (
+    BUDGET,
+    entry_fields,
+    entry_text,
+    fact_child,
+    fact_result,
+    make_entry,
+    make_plan,
+    warnings_of,
+)
 
 from prescreen.cli import cli
 from prescreen.decision import decide
@@ -173,3 +182,66 @@ def test_bad_settings_are_one_error_line(tmp_path: Path, env: dict[str, str], me
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], lines
     assert env[SIGNING_KEY_ENV] not in result.output  # the secret itself is never printed
+
+
+# -- two keys at once: a rollout, a rotation (real processes) -----------------------------------------------
+
+OTHER = "a rotated secret, also 16+ bytes"
+
+
+@pytest.mark.parametrize(("first", "second"), [(None, SECRET), (SECRET, OTHER)], ids=["rollout none->key", "rotation A->B"])
+def test_an_observed_oom_holds_across_signing_keys(tmp_path: Path, first: str | None, second: str | None) -> None:
+    """A process with one key (or none) records an observed OOM; a process with another key looks the plan up:
+    it is served the fact (a stricter entry needs no signature), computes no ``tune`` and overwrites nothing."""
+    store = {"disk": str(tmp_path / "s")}
+    recorded = fact_result(fact_child({"store": store, "seed": SEED, "do": "record"},
+                                      {SIGNING_KEY_ENV: first, SIGNING_KEY_FILE_ENV: None}))
+    assert not recorded["held"]
+    looked = fact_result(fact_child({"store": store, "seed": SEED, "do": "lookup"},
+                                    {SIGNING_KEY_ENV: second, SIGNING_KEY_FILE_ENV: None}))
+    assert looked["hit"] and looked["observed"], looked
+    assert "served as its fallback all the same" in looked["stderr"]
+    again = fact_result(fact_child({"store": store, "seed": SEED, "do": "lookup"},
+                                   {SIGNING_KEY_ENV: first, SIGNING_KEY_FILE_ENV: None}))
+    assert again["hit"] and again["observed"]  # the first key's process still finds its fact
+
+
+def test_a_tune_signed_with_another_key_is_refused_but_a_fallback_is_served(tmp_path: Path, keyed: None) -> None:
+    """The trust rule within one store: an unverified ``tune`` is a miss (recomputed and replaced), an
+    unverified fallback is the decision (and is not replaced by a computed ``tune``)."""
+    from prescreen.service import record_observed_oom
+
+    other = Signer(OTHER.encode())
+    with DiskStore(tmp_path / "s") as store:
+        assert store._cache is not None
+        tune = make_entry(SEED)
+        assert tune.decision.tune
+        store._cache.set(tune.key, tune.to_json(other))
+        assert store.get(tune.key) is None
+        fact = record_observed_oom(make_plan(SEED + 2), BUDGET, None, requested_bytes=1, free_bytes=2).entry
+        assert fact is not None
+        store._cache.set(fact.key, fact.to_json(other))
+        got = store.get(fact.key)
+        assert got is not None and got.decision == fact.decision
+        outcome = lookup_or_decide(make_plan(SEED + 2), BUDGET, store)
+        assert outcome.hit and outcome.decision == fact.decision
+        computed = lookup_or_decide(make_plan(SEED + 2), BUDGET, None)
+        assert computed.decision.tune and computed.entry is not None
+        assert not store.put(computed.entry)  # a computed tune never replaces the fact, whatever it was signed with
+        got = store.get(fact.key)
+        assert got is not None and got.decision == fact.decision
+
+
+def test_the_key_is_normalized_alike_from_the_variable_and_the_file(tmp_path: Path) -> None:
+    """``PRESCREEN_SIGNING_KEY="secret\\n"`` in one process and a key file holding ``secret`` in another sign
+    alike: the second process hits the first one's ``tune`` instead of taking it for a forgery."""
+    key_file = tmp_path / "key"
+    key_file.write_text(SECRET)
+    os.chmod(key_file, 0o600)
+    store = {"disk": str(tmp_path / "s")}
+    first = fact_result(fact_child({"store": store, "seed": SEED, "do": "lookup"},
+                                   {SIGNING_KEY_ENV: SECRET + "\n", SIGNING_KEY_FILE_ENV: None}))
+    assert not first["hit"] and first["action"] == "tune"
+    second = fact_result(fact_child({"store": store, "seed": SEED, "do": "lookup"},
+                                    {SIGNING_KEY_ENV: None, SIGNING_KEY_FILE_ENV: str(key_file)}))
+    assert second["hit"] and "unsigned or forged" not in second["stderr"], second

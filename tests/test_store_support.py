@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from prescreen.budget import Budget
@@ -78,3 +82,30 @@ def entry_fields(text: str | bytes) -> dict[str, Any]:
 def entry_text(fields: dict[str, Any]) -> str:
     """The stored text of a payload dict (edited or not): ``signing.canonical``."""
     return canonical(fields)
+
+
+FACT_SCRIPT = Path(__file__).parent / "scripts" / "store_fact.py"
+
+
+def fact_child(spec: dict[str, Any], env: dict[str, str | None] | None = None) -> subprocess.Popen[str]:
+    """Start ``tests/scripts/store_fact.py`` with ``spec`` in a process of its own; ``env`` adds to (or, with a
+    None value, removes from) the environment, which has no ``PRESCREEN_*`` variable of the caller's."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PRESCREEN")}
+    for name, value in (env or {}).items():
+        if value is None:
+            base.pop(name, None)
+        else:
+            base[name] = value
+    return subprocess.Popen([sys.executable, str(FACT_SCRIPT), json.dumps(spec)], env=base, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def fact_result(proc: subprocess.Popen[str], timeout: float = 120) -> dict[str, Any]:
+    """The ``RESULT`` a ``fact_child`` printed, once it exited 0."""
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert len(lines) == 1, (out, err)
+    found: dict[str, Any] = json.loads(lines[0][len("RESULT "):])
+    found["stderr"] = err
+    return found

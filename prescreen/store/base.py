@@ -102,9 +102,13 @@ class Store(abc.ABC):
                 self.warn_once(what, f"key {key[:12]}: {exc}")
             return None
         if unverified is not None and warn:
-            self.warn_once("stricter entry without a valid signature",
-                           f"key {key[:12]}: {unverified}; served as its {entry.decision.action} all the same "
-                           "(a signature is what it takes to loosen a decision, not to make it stricter)")
+            with self._warn_lock:
+                first = "unverified stricter entry" not in self._warned
+                self._warned.add("unverified stricter entry")
+            if first:
+                log.warning("prescreen %s store at %s: key %s: %s; served as its %s all the same (a signature "
+                            "is what it takes to loosen a decision, not to make it stricter)", self.backend,
+                            self.location, key[:12], unverified, entry.decision.action)
         return entry
 
     @abc.abstractmethod
