@@ -1,8 +1,10 @@
 """SIGKILL soak of the disk store: writers, recovery, clear and import, killed at random moments.
 
-Run: ``python bench/bench_crash.py [--kills 50]``. Each scenario kills child
-processes with SIGKILL at random times (``--kills`` per scenario) while they
-write, recover a corrupt database, delete/clear, or import a bundle. A child
+Run: ``python bench/bench_crash.py [--kills 50] [--scenarios live-recovery,...]``. Each scenario kills
+child processes with SIGKILL at random times (``--kills`` per scenario) while they
+write, recover a corrupt database, delete/clear, or import a bundle; in
+``live-recovery`` a writer keeps writing while another process (this one)
+finds a damaged database and recovers it, and is killed some time after. A child
 logs a key only after ``put`` returned True (acknowledged). Afterwards the
 directory is opened normally and the script prints, per scenario:
 
@@ -252,6 +254,78 @@ def recovery(root: Path, kills: int, rng: random.Random) -> dict[str, int]:
     return total
 
 
+def _table_leaf_holding(data: bytes, marker: bytes, page_size: int) -> int:
+    """The offset of the table leaf page (type 0x0D) whose bytes hold ``marker`` (a row's own text)."""
+    at = -1
+    while True:
+        at = data.index(marker, at + 1)
+        base = at // page_size * page_size
+        if base > 0 and data[base] == 0x0D:
+            return base
+
+
+def damage_in_place(db: Path, garble: bytes, destroy: bytes) -> None:
+    """Garble the rowid of the row holding ``garble`` (to the largest its varint holds, as a flipped bit can:
+    "the next rowid" after the one before it then names it, past every later row) and fill the page holding
+    ``destroy`` with random bytes (what a read finds: a recovery). Only those bytes are written, in place: a
+    live writer's checkpoints write the same file."""
+    data = db.read_bytes()
+    page_size = int.from_bytes(data[16:18], "big")
+    base = _table_leaf_holding(data, garble, page_size)
+    at = data.index(garble, base)
+    cells = int.from_bytes(data[base + 3 : base + 5], "big")
+    starts = [base + int.from_bytes(data[base + 8 + 2 * i : base + 10 + 2 * i], "big") for i in range(cells)]
+    pos = max(start for start in starts if start <= at)
+    while data[pos] & 0x80:  # the cell's payload size
+        pos += 1
+    first = pos = pos + 1
+    while data[pos] & 0x80:  # its rowid
+        pos += 1
+    assert pos > first, "the garbled row's rowid must take two bytes or more (a rowid of 128 or more)"
+    destroyed = _table_leaf_holding(data, destroy, page_size)
+    with open(db, "r+b") as out:
+        out.seek(first)
+        out.write(b"\xff" * (pos - first) + b"\x7f")
+        out.seek(destroyed)
+        out.write(os.urandom(page_size))
+
+
+def live_recovery(root: Path, kills: int, rng: random.Random) -> dict[str, int]:
+    """A writer writes while this process finds a damaged page and recovers; the writer goes on, is killed.
+
+    300 small entries are stored first (rows 1-300, in ``cache.db``); each round damages two of them: one
+    row's rowid garbled (before every row readable by rowid was salvaged, this lost every row after it: all
+    the writer's), one page destroyed. Those two are the only entries a round may lose, and none of the
+    writer's acknowledged ones.
+    """
+    template = root / "live-template"
+    prefilled = list(range(0, 600, 2))  # even seeds: rows inline in cache.db
+    with DiskStore(template, min_file_size=MIN_FILE) as store:
+        for seed in prefilled:
+            assert store.put(entry(seed))
+    marker = {seed: f"triton_poi_fused_{seed}\"".encode() for seed in prefilled}
+    logging.getLogger("prescreen.store").setLevel(logging.ERROR)  # the recoveries here are expected
+    total: dict[str, int] = {"kills": kills, "mid-op": 0, "no-recovery": 0, "prefilled-lost": 0}
+    for k in range(kills):
+        directory, log = root / f"live-{k}", root / f"live-{k}.log"
+        shutil.copytree(template, directory)
+        proc = spawn("writer", directory, log, start=1_000_000)
+        time.sleep(rng.uniform(0.3, 1.0))  # the writer writing
+        damage_in_place(directory / "cache.db", garble=marker[prefilled[150]], destroy=marker[prefilled[60]])
+        with DiskStore(directory, min_file_size=MIN_FILE) as store:  # finds the destroyed page: recovers
+            for seed in prefilled:
+                store.get(entry(seed).key)
+            total["no-recovery"] += store.recovered is None
+        time.sleep(rng.uniform(0.2, 1.0))  # the writer goes on in the fresh database
+        total["mid-op"] += kill(proc)
+        add(total, check(directory, acked(log)))
+        with DiskStore(directory, min_file_size=MIN_FILE) as store:
+            present = sum(store.get(entry(seed).key) is not None for seed in prefilled)
+        total["prefilled-lost"] += len(prefilled) - 2 - present
+        shutil.rmtree(directory)
+    return total
+
+
 def clear(root: Path, kills: int, rng: random.Random) -> dict[str, int]:
     template = root / "clear-template"
     with DiskStore(template, min_file_size=MIN_FILE) as store:
@@ -309,6 +383,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=50, help="SIGKILLs per scenario (default 50)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scenarios", default="", help="comma-separated names to run (default: all)")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -318,15 +393,23 @@ def main() -> None:
     rng = random.Random(args.seed)
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {args.kills} SIGKILLs per scenario")
     columns = ["kills", "mid-op", "acknowledged", "present", "lost", "wrong", "orphaned", "phantom"]
-    print(f"{'scenario':<10}" + "".join(f"{c:>14}" for c in columns) + "  other")
+    print(f"{'scenario':<14}" + "".join(f"{c:>14}" for c in columns) + "  other")
     failed = False
     with tempfile.TemporaryDirectory(prefix="prescreen-crash-") as tmp:
         root = Path(tmp)
-        for name, scenario in (("writers", writers), ("recovery", recovery), ("clear", clear), ("import", import_)):
+        scenarios = (("writers", writers), ("recovery", recovery), ("live-recovery", live_recovery),
+                     ("clear", clear), ("import", import_))
+        chosen = {name for name in args.scenarios.split(",") if name}
+        unknown = chosen - {name for name, _ in scenarios}
+        if unknown:
+            parser.error(f"unknown scenarios {sorted(unknown)} (one of {', '.join(n for n, _ in scenarios)})")
+        for name, scenario in scenarios:
+            if chosen and name not in chosen:
+                continue
             started = time.monotonic()
             result = scenario(root, args.kills, rng)
             other = {k: v for k, v in result.items() if k not in columns}
-            print(f"{name:<10}" + "".join(f"{result.get(c, 0):>14}" for c in columns)
+            print(f"{name:<14}" + "".join(f"{result.get(c, 0):>14}" for c in columns)
                   + f"  {other} ({time.monotonic() - started:.0f} s)", flush=True)
             failed |= result.get("lost", 0) > 0 or result.get("wrong", 0) > 0 or any(other.values())
     sys.exit(1 if failed else 0)
