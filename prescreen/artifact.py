@@ -42,7 +42,7 @@ from typing import IO, Any
 
 from prescreen.errors import ConfigError
 from prescreen.store.base import Store
-from prescreen.store.bundle import export_bundle, import_bundle
+from prescreen.store.bundle import check_bundle, export_bundle, import_bundle
 
 log = logging.getLogger("prescreen.artifact")
 
@@ -329,6 +329,7 @@ def load(path: str | os.PathLike[str], store: Store | None = None) -> Loaded:
         with open(path, "rb") as raw, tempfile.TemporaryDirectory(prefix="prescreen-artifact-") as scratch:
             bundle = Path(scratch) / DECISIONS
             manifest, torch_data = _checked(raw, bundle)
+            _bundle_checked(bundle)
             parsed = _parse_torch(torch_data) if torch_data is not None else None
             return _put_in_place(where, bundle, torch_data, parsed, store)
     except _Refused as exc:
@@ -356,6 +357,14 @@ def _checked(raw: IO[bytes], bundle: Path) -> tuple[dict[str, Any], bytes | None
     return manifest, torch_data
 
 
+def _bundle_checked(bundle: Path) -> None:
+    """prescreen's part is a bundle of this format and schema, every entry well-formed JSON (nothing stored)."""
+    try:
+        check_bundle(bundle)
+    except ConfigError as exc:
+        raise _Refused(f"{DECISIONS}: {str(exc).replace(str(bundle), DECISIONS)}") from None
+
+
 def _put_in_place(where: str, bundle: Path, torch_data: bytes | None, parsed: Any, store: Store | None) -> Loaded:
     opened = None
     if store is None:
@@ -363,11 +372,7 @@ def _put_in_place(where: str, bundle: Path, torch_data: bytes | None, parsed: An
 
         store = opened = open_store()
     try:
-        try:
-            # The bundle's header and every entry's shape are checked before the first entry is stored.
-            imported, skipped = import_bundle(store, bundle)
-        except ConfigError as exc:
-            raise _Refused(f"{DECISIONS}: {str(exc).replace(str(bundle), DECISIONS)}") from None
+        imported, skipped = import_bundle(store, bundle)  # each entry validated; a stricter one in place is kept
         try:
             loaded = _populate_torch(torch_data, parsed) if torch_data is not None else {}
         except Exception as exc:  # e.g. a full disk: the decisions stay (they are valid on their own)

@@ -191,16 +191,43 @@ def families_covered(grid: list[dict[str, int]]) -> int:
     return len({tuple((k, scheme.bucket(v)) for k, v in sorted(sizes.items())) for sizes in grid})
 
 
-#: Inductor settings that print autotune tables on stderr; ``warm`` sets them quiet unless ``verbose``.
-QUIET_AUTOTUNE: dict[str, Any] = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
+#: The functions of ``torch._inductor.select_algorithm`` that print autotune tables and choice statistics on
+#: stderr, by the Inductor setting that governs each. ``warm`` holds them back unless ``verbose`` or the caller
+#: gives that setting. It does not set the settings themselves: Inductor's config is part of its FX graph and
+#: AOTAutograd cache keys, so a quieter config would fill torch's caches (and an ``--artifact``) under keys that
+#: no replica, and no later process with the default config, ever computes.
+QUIET_AUTOTUNE: dict[str, str] = {
+    "autotune_num_choices_displayed": "AlgorithmSelectorCache.log_results",
+    "max_autotune_report_choices_stats": "_log_autotune_choices_stats",
+}
 
 
-def _settings(inductor_config: Mapping[str, Any] | None, verbose: bool) -> dict[str, Any]:
-    """The Inductor config patch for the compiles: quiet autotuning unless verbose; the caller's settings win."""
-    from torch._inductor import config
+def _silent(*args: Any, **kwargs: Any) -> None:
+    return None
 
-    quiet = {k: v for k, v in QUIET_AUTOTUNE.items() if not verbose and hasattr(config, k)}
-    return {**quiet, **dict(inductor_config or {})}
+
+@contextlib.contextmanager
+def _autotune_output_held(settings: Mapping[str, Any], verbose: bool) -> Iterator[None]:
+    """Inside the block, Inductor's autotune tables and choice statistics print nothing (see ``QUIET_AUTOTUNE``)."""
+    from torch._inductor import select_algorithm
+
+    held: list[tuple[object, str, object]] = []
+    try:
+        for setting, name in QUIET_AUTOTUNE.items():
+            if verbose or setting in settings:
+                continue
+            owner_name, _, attr = name.rpartition(".")
+            owner = getattr(select_algorithm, owner_name, None) if owner_name else select_algorithm
+            if owner is None or attr not in vars(owner):
+                logging.getLogger("prescreen").info("prescreen warm: this torch has no select_algorithm.%s; its "
+                                                    "autotune output is not held back", name)
+                continue
+            held.append((owner, attr, vars(owner)[attr]))
+            setattr(owner, attr, staticmethod(_silent) if owner_name else _silent)
+        yield
+    finally:
+        for owner, attr, original in reversed(held):
+            setattr(owner, attr, original)
 
 
 class _DecisionLines(logging.Filter):
@@ -319,7 +346,7 @@ def warm_model(
     grid = select_points(shapes, points)
     check_fits(fn, grid, device)  # a range too large for the device is refused before anything is built
     report.families = families_covered(grid) if shapes else 0
-    settings = _settings(inductor_config, verbose)
+    settings = dict(inductor_config or {})
     if plan_only:
         settings["force_disable_caches"] = True
     report.plan_only = plan_only
@@ -328,7 +355,7 @@ def warm_model(
     activation.install(store=used, device_memory=device_memory, ratio=ratio)
     try:
         with inductor_settings.patch(settings), warnings.catch_warnings(), _decision_lines_held(not verbose), \
-                state.planning(plan_only):
+                _autotune_output_held(settings, verbose), state.planning(plan_only):
             if not verbose:
                 warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.")
             for i, sizes in enumerate(grid):

@@ -228,6 +228,12 @@ class ImportReport:
             self.first_invalid = f"#{index}: {why}"
 
 
+def check_bundle(path: str | os.PathLike[str]) -> int:
+    """The checks ``import_bundle`` makes before it stores anything (the header, and the shape of every entry),
+    storing nothing: a ``ConfigError`` if ``path`` is not a bundle of this format and schema; returns the count."""
+    return _scan_header(path, str(path))
+
+
 def import_bundle(store: Store, path: str | os.PathLike[str]) -> tuple[int, int]:
     """Validate and store the entries of a bundle, streaming it; returns (imported, skipped).
 
