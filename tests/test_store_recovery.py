@@ -7,6 +7,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,29 @@ def test_salvage_restores_every_row_readable_by_rowid(tmp_path: Path, garbled: i
             store.get(entry.key)
         assert store.recovered is not None and store.recovered[1] == readable
         assert sum(store.get(e.key) is not None for e in entries) == readable
+
+
+def test_salvage_never_loads_a_huge_value(tmp_path: Path) -> None:
+    # Before: salvage read each row's value whole: a 128 MiB row came into Python before the cap refused it.
+    directory = tmp_path / "cache"
+    entries = [make_entry(seed) for seed in range(40)]
+    with DiskStore(directory) as store:
+        for entry in entries:
+            assert store.put(entry)
+    con = sqlite3.connect(directory / "cache.db")
+    with con:
+        con.execute("UPDATE Cache SET value = CAST(zeroblob(?) AS TEXT) WHERE key = ?", (128 * 2**20, entries[5].key))
+    con.close()
+    _damage_page_holding(directory / "cache.db", _marker(entries[30]))
+    tracemalloc.start()
+    try:
+        with DiskStore(directory) as store:
+            store.get(entries[30].key)  # meets the destroyed page: a recovery
+            assert store.recovered is not None and store.recovered[1] == 38  # all but the huge and the destroyed
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20, peak
 
 
 _LIVE_WRITER = """
