@@ -16,6 +16,7 @@ import os
 
 ENABLE_ENV = "PRESCREEN"
 _TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
 
 
 def enabled() -> bool:
@@ -24,9 +25,19 @@ def enabled() -> bool:
 
 
 def autoload() -> None:
-    """Install the hooks (lazily) when ``PRESCREEN`` is set; otherwise do nothing."""
+    """Install the hooks (lazily) when ``PRESCREEN`` is set; otherwise do nothing.
+
+    A value that is neither on nor off (``PRESCREEN=banana``) leaves the guards off and says so in one
+    line on stderr, written directly: logging is not configured this early in a process.
+    """
     try:
         if not enabled():
+            raw = os.environ.get(ENABLE_ENV, "")
+            if raw.strip().lower() not in _FALSE:
+                import sys
+
+                sys.stderr.write(f"prescreen: {ENABLE_ENV}={raw!r} is not one of 1, true, yes, on (or 0, false, no, "
+                                 "off); the guards stay off\n")
             return
         from prescreen.hooks.activation import install
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import math
 import os
 import re
@@ -31,25 +32,44 @@ def budget_basis() -> str:
 _UNITS = {
     "": 1, "b": 1,
     "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
+    "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40,  # Kubernetes' spelling of the binary units
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
-_MEMORY_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+#: A number (``64``, ``1.5``, ``.5``, ``1e9``) and a unit; a number with an exponent is an exact decimal.
+_MEMORY_RE = re.compile(r"^\s*((?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+#: The largest memory size accepted (1 EiB): more than any device, so a larger one is a typo.
+MAX_MEMORY = 2**60
+_SIZES = "expected e.g. 64GiB, 64Gi, 80GB, 512MiB, or bytes: 68719476736 or 1e9"
 
 
 def parse_memory(text: str | int) -> int:
-    """Bytes from ``"64GiB"``, ``"80GB"``, ``"512MiB"`` or a plain integer."""
+    """Bytes from ``"64GiB"`` (or ``"64Gi"``), ``"80GB"``, ``"512MiB"``, ``"1e9"`` or a plain integer.
+
+    A string's error message starts with the string itself (``'0.1' is less than one byte``), so a
+    caller puts where it came from in front: ``--device-memory '0.1' is less than one byte``.
+    """
     if isinstance(text, int) and not isinstance(text, bool):
         if text <= 0:
             raise ConfigError(f"device memory must be positive, got {text}")
+        if text > MAX_MEMORY:
+            raise ConfigError(f"device memory {text} is more than 1 EiB ({MAX_MEMORY} bytes), larger than any device")
         return text
     match = _MEMORY_RE.match(str(text))
     unit = match.group(2).lower() if match else None
-    if not match or unit not in _UNITS:
-        raise ConfigError(f"invalid memory size {text!r} (expected e.g. 64GiB, 80GB, 512MiB or a byte count)")
-    value = int(float(match.group(1)) * _UNITS[unit])
-    if value <= 0:
-        raise ConfigError(f"device memory must be positive, got {text!r}")
-    return value
+    if match is None or unit is None or unit not in _UNITS:
+        raise ConfigError(f"{str(text)!r} is not a memory size ({_SIZES})")
+    number = decimal.Decimal(match.group(1))
+    if number and number.adjusted() > 30:  # checked before any arithmetic: 1e999999999 stays cheap
+        value = decimal.Decimal(MAX_MEMORY + 1)
+    else:
+        value = number * _UNITS[unit]
+    if value > MAX_MEMORY:
+        raise ConfigError(f"{str(text)!r} is more than 1 EiB ({MAX_MEMORY} bytes), larger than any device")
+    if value == 0:
+        raise ConfigError(f"{str(text)!r} is not positive (device memory must be positive)")
+    if value < 1:
+        raise ConfigError(f"{str(text)!r} is less than one byte ({_SIZES})")
+    return int(value)
 
 
 def format_bytes(n: int | None) -> str:
@@ -110,7 +130,7 @@ def memory_override(explicit: str | int | None = None) -> int | None:
         try:
             return parse_memory(env)
         except ConfigError as exc:
-            raise ConfigError(f"{MEMORY_ENV}: {exc}") from None
+            raise ConfigError(f"{MEMORY_ENV} {exc}") from None
     return None
 
 

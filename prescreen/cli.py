@@ -1,6 +1,6 @@
-"""The prescreen command: warm, inspect, report, clear, stats, export, import.
+"""The prescreen command: warm, inspect, report, clear, stats, export, import, load.
 
-Only ``warm`` of a model imports torch; the other commands, ``--help`` and every
+Only ``warm`` of a model and ``load`` of an artifact import torch; the other commands, ``--help`` and every
 argument error cost the standard library, click and the store. Bad input is one
 ``error:`` line on stderr and exit status 2, click's usage errors included.
 """
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 
 from prescreen.budget import format_bytes, parse_memory
+from prescreen.display import markup, visible
 from prescreen.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -29,6 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from prescreen.store.base import Store
     from prescreen.store.clear import Predicate
     from prescreen.store.entry import Entry
+    from prescreen.target import ShapeRange, Spec
     from prescreen.warm import WarmReport
 
 T = TypeVar("T")
@@ -63,8 +65,8 @@ def compact() -> bool:
 
 
 def fail(message: str) -> NoReturn:
-    """One clear line on stderr, exit code 2, no traceback."""
-    line = " ".join(message.split())
+    """One clear line on stderr, exit code 2, no traceback (control characters shown as escapes)."""
+    line = visible(" ".join(message.split()))
     click.echo(f"{click.style('error:', fg='red', bold=True)} {line}", err=True)
     sys.exit(2)
 
@@ -187,12 +189,16 @@ def _check_redis_url(url: str, source: str) -> None:
     """A URL redis-py can open, else one error naming ``source`` (the option or the variable it came from)."""
     from urllib.parse import urlsplit
 
-    scheme = urlsplit(url).scheme if "://" in url else ""
+    try:
+        scheme = urlsplit(url).scheme if "://" in url else ""
+    except ValueError as exc:  # e.g. an unclosed IPv6 bracket: redis://:pw@[::1/0
+        scheme, why = None, f"is not a valid URL ({exc})"
+    else:
+        why = ("is not a Redis URL (expected redis://HOST:PORT/DB, rediss://... or unix:///path/to/socket)")
     if scheme not in _REDIS_SCHEMES:
         from prescreen.store.redis_store import redact_url
 
-        fail(f"{source} {redact_url(url)!r} is not a Redis URL (expected redis://HOST:PORT/DB, rediss://... "
-             "or unix:///path/to/socket)")
+        fail(f"{source} {redact_url(url)!r} {why}")
 
 
 @click.group(cls=PrescreenGroup, context_settings={"max_content_width": 120, "help_option_names": ["-h", "--help"]})
@@ -204,6 +210,10 @@ def _check_redis_url(url: str, source: str) -> None:
 @click.pass_context
 def cli(ctx: click.Context, cache_dir: str | None, redis_url: str | None) -> None:
     """Pre-screen torch.compile autotune benchmarks against device memory, once per shape family."""
+    if cache_dir is not None and not cache_dir.strip():  # not the current directory by accident
+        given = ctx.get_parameter_source("cache_dir") == click.core.ParameterSource.COMMANDLINE
+        fail(f"{'--cache-dir' if given else 'PRESCREEN_CACHE_DIR'} is empty (give a directory, or leave it out for "
+             "the default)")
     if redis_url:
         given = ctx.get_parameter_source("redis_url") == click.core.ParameterSource.COMMANDLINE
         _check_redis_url(redis_url, "--redis-url" if given else "PRESCREEN_REDIS_URL")
@@ -216,12 +226,8 @@ def cli(ctx: click.Context, cache_dir: str | None, redis_url: str | None) -> Non
 def _memory_option(value: str | int, source: str) -> int:
     try:
         return parse_memory(value)
-    except ConfigError as exc:
-        number = re.match(r"^\s*([0-9]+(?:\.[0-9]+)?)", str(value))
-        if number and float(number.group(1)) > 0:
-            fail(f"{source} {str(value)!r} is less than one byte (expected a size such as 64GiB, 80GB, 512MiB or a "
-                 "byte count)")
-        fail(f"{source}: {exc}")
+    except ConfigError as exc:  # the message starts with the value: --device-memory '0.1' is less than one byte
+        fail(f"{source} {exc}")
 
 
 def _progress() -> Any:
@@ -234,20 +240,36 @@ def _progress() -> Any:
 def _summary(report: WarmReport) -> Any:
     from rich.table import Table
 
-    title = "prescreen warm" + (" (dry run: nothing stored)" if report.dry_run else "")
+    title = ("prescreen warm" + (" (plan only: nothing benchmarked)" if report.plan_only else "")
+             + (" (dry run: nothing stored)" if report.dry_run else ""))
     values = [("kernels", str(report.kernels)), ("decisions", str(len(report.unique()))),
               ("tuned", str(report.tuned)), ("fell back", str(report.fell_back)),
               ("not bounded", str(report.not_bounded)), ("largest", format_bytes(report.largest)),
               ("compiles", str(report.compiles)), ("families", str(report.families)),
+              ("families decided", str(report.decided_families)), ("cache answered", str(report.cache_answered)),
               ("time", f"{report.seconds:.1f}s")]
     if compact():
-        return f"{title}: " + ", ".join(f"{v} {k}" if k not in ("largest", "time") else f"{k} {v}"
-                                        for k, v in values)
+        items = [f"{v} {k}" if k not in ("largest", "time") else f"{k} {v}" for k, v in values]
+        return _wrap_items(f"{title}:", items, out().width)
     table = Table(title=title)
     for col, _ in values:
         table.add_column(col, justify="right")
     table.add_row(*(v for _, v in values))
     return table
+
+
+def _wrap_items(head: str, items: Sequence[str], width: int) -> str:
+    """``head`` and the comma-separated ``items`` in lines of at most ``width``, broken only between items (never
+    between a count and what it counts: ``2 compiles`` stays on one line)."""
+    lines, line = [], head
+    for i, item in enumerate(items):
+        piece = item + ("," if i < len(items) - 1 else "")
+        if len(line) + 1 + len(piece) > width and line:
+            lines.append(line)
+            line = piece
+        else:
+            line = f"{line} {piece}" if line else piece
+    return "\n".join([*lines, line])
 
 
 def _fits(table: Table) -> bool:
@@ -273,25 +295,57 @@ def _decision_layout(report: WarmReport, narrow: bool) -> Table:
 
     from prescreen.report import short_reason
 
-    table = Table(title="decisions", expand=narrow)
+    table = Table(title="decisions")
     cols = ["key", "kernel", "sizes", "decision", "estimated", "budget", "source", "reason"]
     if narrow:  # the reason holds the estimate and the budget
         cols = [c for c in cols if c not in ("estimated", "budget")]
-        if not any(r.sizes for r in report.records):
+        if not any(r.sizes or r.family for r in report.records):
             cols.remove("sizes")
-    for col in cols:
-        table.add_column(col, overflow="ellipsis" if col == "kernel" else "fold", no_wrap=col != "sizes",
-                         min_width=8 if col == "kernel" else None, ratio=1 if narrow and col == "kernel" else None)
-    for r in report.unique():
-        cells = {
-            "key": r.key[:COMPACT_KEY_CHARS if narrow else KEY_CHARS], "kernel": r.kernel,
-            "sizes": r.family or ",".join(f"{k}={v}" for k, v in r.sizes.items()) or "-",
-            "decision": r.action if r.bounded else "fallback*", "estimated": format_bytes(r.estimated_bytes),
-            "budget": format_bytes(r.budget_bytes), "source": "hit" if r.hit else "computed",
-            "reason": short_reason(r.action, r.bounded, r.estimated_bytes, r.budget_bytes, r.reason, brief=narrow),
-        }
-        table.add_row(*(cells[c] for c in cols))
+    rows = [{
+        "key": r.key[:COMPACT_KEY_CHARS if narrow else KEY_CHARS], "kernel": r.kernel,
+        "sizes": r.family or ",".join(f"{k}={v}" for k, v in r.sizes.items()) or "-",
+        "decision": r.action if r.bounded else "fallback*", "estimated": format_bytes(r.estimated_bytes),
+        "budget": format_bytes(r.budget_bytes), "source": "hit" if r.hit else "computed",
+        "reason": short_reason(r.action, r.bounded, r.estimated_bytes, r.budget_bytes, r.reason, brief=narrow),
+    } for r in report.unique()]
+    _fill(table, cols, rows, narrow, wrapping=("sizes", "reason"))
     return table
+
+
+def _fill(table: Table, cols: Sequence[str], rows: Sequence[dict[str, str]], narrow: bool,
+          wrapping: Sequence[str]) -> None:
+    """Add ``cols`` and ``rows`` (escaped) to ``table``; a narrow layout gets the widths of :func:`_narrow_widths`."""
+    widths = _narrow_widths(cols, rows, out().width, wrapping) if narrow else {}
+    for col in cols:
+        table.add_column(col, overflow="ellipsis" if col == "kernel" else "fold", no_wrap=col not in wrapping,
+                         width=widths.get(col))
+    for row in rows:
+        table.add_row(*(markup(row[c]) for c in cols))
+
+
+def _narrow_widths(cols: Sequence[str], rows: Sequence[dict[str, str]], width: int,
+                   wrapping: Sequence[str]) -> dict[str, int]:
+    """Column widths that fit ``width`` where they can: every cell on one line if that fits; else the kernel name
+    gives way first (down to 8 characters, an ellipsis), then the ``wrapping`` columns wrap between words, the
+    widest first, never narrower than their longest word, so no cell is cut mid-word or off the terminal's edge."""
+    def natural(col: str) -> int:
+        return max([len(col), *(len(visible(r[col])) for r in rows)])
+
+    def longest_word(col: str) -> int:
+        return max([len(col), *(len(word) for r in rows for word in visible(r[col]).split())])
+
+    room = width - (len(cols) + 1) - 2 * len(cols)  # the box's rules and one space of padding either side
+    widths = {c: natural(c) for c in cols}
+    floor = {c: longest_word(c) if c in wrapping else 8 if c == "kernel" else widths[c] for c in cols}
+    floor = {c: min(floor[c], widths[c]) for c in cols}
+    for shrinking in (["kernel"], [c for c in cols if c in wrapping]):
+        while sum(widths.values()) > room:
+            movable = [c for c in shrinking if c in widths and widths[c] > floor[c]]
+            if not movable:
+                break
+            widest = max(movable, key=lambda c: widths[c])
+            widths[widest] -= 1
+    return widths
 
 
 @click.command()
@@ -315,19 +369,25 @@ def _decision_layout(report: WarmReport, narrow: bool) -> Table:
 @click.option("--inductor-config", "inductor_config", multiple=True, metavar="KEY=VALUE",
               help="A torch._inductor.config setting for the compiles, e.g. freezing=True; repeat for several.")
 @click.option("--dry-run", is_flag=True, help="Estimate and report; store nothing.")
+@click.option("--artifact", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Also write one file to deploy: torch's compile caches and these decisions ('prescreen load FILE').")
+@click.option("--plan-only", is_flag=True,
+              help="Decide every family without benchmarking anything (a fast audit: which kernels would fall back "
+                   "on this device memory and ratio); torch's caches are left untouched.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("-v", "--verbose", is_flag=True, help="Keep Inductor's autotune tables and warnings.")
 @click.pass_context
 def warm(ctx: click.Context, target: str | None, shapes: tuple[str, ...], spec: str | None, plans: str | None,
          device_memory: str | None, ratio: str | None, device: str | None, device_kind: str | None, mode: str | None,
-         points: int | None, inductor_config: tuple[str, ...], dry_run: bool, as_json: bool, verbose: bool) -> None:
+         points: int | None, inductor_config: tuple[str, ...], dry_run: bool, artifact: str | None, plan_only: bool,
+         as_json: bool, verbose: bool) -> None:
     """Compile TARGET (module:callable or file.py:callable) over shape families and fill the store.
 
     A --spec file holds the same settings under the options' names with '_' for '-' (target, shapes, plans, device,
     device_kind, device_memory, ratio, mode, points, inductor_config); an option given on the command line wins
     over the file, and --inductor-config items win key by key.
     """
-    from prescreen.budget import memory_override, parse_ratio, resolve_ratio
+    from prescreen.budget import budget_basis, memory_override, parse_ratio, resolve_ratio
     from prescreen.target import Spec, check_mode, load_spec, merge_inductor_config, parse_shape
 
     s = _run(lambda: load_spec(spec)) if spec else Spec()
@@ -337,7 +397,11 @@ def warm(ctx: click.Context, target: str | None, shapes: tuple[str, ...], spec: 
         if s.target and s.plans:
             fail(f"spec {s.path!r} sets both 'target' and 'plans'; keep one")
         target, plans = s.target, s.plans
+    if target or plans:
+        _check_applies(bool(plans), s, {"shapes": shapes, "device": device, "mode": mode, "points": points,
+                                        "inductor_config": inductor_config, "device_kind": device_kind})
     families = tuple(_run(lambda: [parse_shape(x) for x in shapes])) if shapes else s.shapes
+    _check_shape_names(families, "--shape" if shapes else f"spec {s.path!r}: shapes")
     memory_text = device_memory if device_memory is not None else s.device_memory
     memory = (_memory_option(memory_text, "--device-memory" if device_memory is not None else f"spec {s.path!r}: "
                              "device_memory") if memory_text is not None else None)
@@ -348,6 +412,13 @@ def warm(ctx: click.Context, target: str | None, shapes: tuple[str, ...], spec: 
     mode = _run(lambda: check_mode(mode or s.mode or "max-autotune"))
     points = points if points is not None else s.points
     config_items = _run(lambda: merge_inductor_config(s.inductor_config, inductor_config))
+    _run(budget_basis)  # a junk environment is an error here, not a warm that silently decides nothing
+    if plans and artifact:
+        fail("--artifact applies to a model warm (it holds the compiles' torch caches), not to --plans")
+    if plans and plan_only:
+        fail("--plan-only applies to a model warm (--plans already decides without compiling)")
+    if plan_only and artifact:
+        fail("--plan-only benchmarks nothing and keeps no compile, so it has no --artifact to write")
     if plans:
         memory = _run(lambda: memory_override(memory))
         if memory is None:
@@ -358,6 +429,7 @@ def warm(ctx: click.Context, target: str | None, shapes: tuple[str, ...], spec: 
         fail("missing TARGET (module:callable or file.py:callable), --spec or --plans")
     from prescreen.target import parse_inductor_config
 
+    _run(lambda: memory_override(memory))  # $PRESCREEN_DEVICE_MEMORY checked (the hooks would only warn)
     overrides = _run(lambda: parse_inductor_config(config_items))
     store = ctx.obj.store()
     from prescreen.warm import warm_model
@@ -366,8 +438,36 @@ def warm(ctx: click.Context, target: str | None, shapes: tuple[str, ...], spec: 
         tick = _ticker(progress)
         report = _run(lambda: warm_model(
             target, families, store, device=device or s.device or "cpu", device_memory=memory, ratio=ratio_value,
-            mode=mode, points=points, dry_run=dry_run, inductor_config=overrides, verbose=verbose, progress=tick))
+            mode=mode, points=points, dry_run=dry_run, inductor_config=overrides, verbose=verbose, progress=tick,
+            artifact=artifact, plan_only=plan_only))
     _print_report(report, as_json)
+
+
+#: warm's settings that apply to one kind of warm only, by their spec key (the option's name with '_' for '-').
+_MODEL_ONLY = ("shapes", "device", "mode", "points", "inductor_config")
+_PLANS_ONLY = ("device_kind",)
+
+
+def _check_applies(plans_warm: bool, spec: Spec, given: dict[str, object]) -> None:
+    """A setting the chosen warm would not use is an error, on the command line or in the spec, not a silent no-op."""
+    for key in _MODEL_ONLY if plans_warm else _PLANS_ONLY:
+        option = "--shape" if key == "shapes" else "--" + key.replace("_", "-")
+        where = option if given[key] else f"spec {spec.path!r}: {key!r}" if getattr(spec, key) else None
+        if where is None:
+            continue
+        if plans_warm:
+            fail(f"{where} does not apply to --plans (the plans hold their sizes; nothing is compiled)")
+        fail(f"{where} applies to --plans only (a model warm decides for the device it compiles on: --device)")
+
+
+def _check_shape_names(families: tuple[ShapeRange, ...], source: str) -> None:
+    seen: dict[str, ShapeRange] = {}
+    for family in families:
+        if family.name in seen:
+            first = seen[family.name]
+            fail(f"{source} {family.name} is given twice ({first.low}..{first.high} and {family.low}..{family.high}); "
+                 "give each shape once")
+        seen[family.name] = family
 
 
 def _ticker(progress: Any) -> Callable[[int, int, dict[str, int]], None]:
@@ -403,7 +503,11 @@ def _print_report(report: WarmReport, as_json: bool) -> None:
             console.print("* not bounded: the footprint could not be estimated, so the benchmark is skipped "
                           "(fail closed)")
     for hint in report.hints:
-        console.print(hint, highlight=False)
+        console.print(markup(hint), highlight=False)
+    if report.artifact:
+        a = report.artifact
+        console.print(f"artifact {markup(a.path)}: {a.decisions} decisions, torch caches {format_bytes(a.torch_bytes)} "
+                      f"({format_bytes(a.file_bytes)} in all)", highlight=False)
 
 
 # --- reading the store -----------------------------------------------------------------------------------------------
@@ -494,7 +598,7 @@ def _entry_table(entry: Entry) -> Table:
     from rich.table import Table
 
     d = entry.decision
-    table = Table(title=f"entry {entry.key}", show_header=False)
+    table = Table(title=markup(f"entry {entry.key}"), show_header=False)
     table.add_column("field", style="bold", no_wrap=True)
     table.add_column("value", overflow="fold")
     rows = [
@@ -511,13 +615,13 @@ def _entry_table(entry: Entry) -> Table:
     ]
     rows += [(f"key.{k}", json.dumps(v) if not isinstance(v, str) else v) for k, v in entry.parts.to_payload().items()]
     for field, value in rows:
-        table.add_row(field, value)
+        table.add_row(markup(field), markup(value))
     return table
 
 
 #: The columns of the ``inspect`` listing, widest first: the widest whose rows fit the terminal is used.
 LIST_COLUMNS = {
-    "compact": ("key", "kernel", "device", "decision", "why"),
+    "compact": ("key", "kernel", "shape family", "device", "decision", "why"),  # paired rows differ by family
     "medium": ("key", "kernel", "shape family", "device", "decision", "why", "hits"),
     "wide": ("key", "kernel", "shape family", "device", "ratio", "decision", "estimated", "budget", "why", "created",
              "hits"),
@@ -531,7 +635,6 @@ def _list_table(entries: Sequence[Entry], title: str) -> Table:
         table = _list_layout(entries, title, layout)
         if layout == "compact" or _fits(table):
             break
-    table.expand = layout != "wide"
     return table
 
 
@@ -539,24 +642,18 @@ def _list_layout(entries: Sequence[Entry], title: str, layout: str) -> Table:
     from rich.table import Table
 
     narrow = layout == "compact"
-    table = Table(title=title)
+    table = Table(title=markup(title))
     cols = LIST_COLUMNS[layout]
-    for col in cols:  # the kernel name gives way (ellipsis) so every other cell stays on one line
-        flexible = col in ("kernel", "shape family") and layout != "wide"
-        table.add_column(col, overflow="ellipsis" if col == "kernel" else "fold", no_wrap=col != "shape family",
-                         min_width=8 if col == "kernel" else None, ratio=1 if flexible else None)
-    for e in entries:
-        d = e.decision
-        memory = format_bytes(e.parts.total_memory)
-        cells = {
-            "key": e.key[:COMPACT_KEY_CHARS if narrow else KEY_CHARS], "kernel": e.kernel, "shape family": _family(e),
-            "device": e.parts.device_kind if narrow else f"{e.parts.device_kind} {memory}",
-            "ratio": f"{e.parts.ratio:g}",
-            "decision": "fallback!" if is_observed_oom(d) else d.action if d.bounded else "fallback*",
-            "estimated": format_bytes(d.estimated_bytes), "budget": format_bytes(d.budget_bytes),
-            "why": _short(e, layout != "wide"), "created": _age(e.created_at), "hits": str(e.hits),
-        }
-        table.add_row(*(cells[c] for c in cols))
+    rows = [{
+        "key": e.key[:COMPACT_KEY_CHARS if narrow else KEY_CHARS], "kernel": e.kernel, "shape family": _family(e),
+        "device": e.parts.device_kind if narrow else f"{e.parts.device_kind} {format_bytes(e.parts.total_memory)}",
+        "ratio": f"{e.parts.ratio:g}",
+        "decision": "fallback!" if is_observed_oom(e.decision) else e.decision.action if e.decision.bounded
+        else "fallback*",
+        "estimated": format_bytes(e.decision.estimated_bytes), "budget": format_bytes(e.decision.budget_bytes),
+        "why": _short(e, layout != "wide"), "created": _age(e.created_at), "hits": str(e.hits),
+    } for e in entries]
+    _fill(table, cols, rows, narrow, wrapping=("shape family", "why"))
     return table
 
 
@@ -577,8 +674,8 @@ def inspect(obj: Ctx, key: str | None, key_prefix: str | None, kernel: str | Non
         shown = [_one(store, key)] if key else [e for e in store.entries() if chosen(e)]
         stale = [e for e in shown if not verify_entry(e)]
         for e in stale:
-            err().print(f"[bold red]mismatch:[/] {e.key[:KEY_CHARS]} {e.kernel}: stored decision differs from a "
-                        "fresh computation", highlight=False)
+            err().print(f"[bold red]mismatch:[/] {markup(e.key[:KEY_CHARS])} {markup(e.kernel)}: stored decision "
+                        "differs from a fresh computation", highlight=False)
         out().print(f"verified {len(shown)} entries: {len(shown) - len(stale)} identical to a fresh computation")
         if stale:
             sys.exit(1)
@@ -629,16 +726,16 @@ def report(obj: Ctx, key_prefix: str | None, kernel: str | None, device: str | N
     if html_path:
         n = _run(lambda: write_html(entries, html_path, f"prescreen: {decision or 'fallback'} decisions in "
                                     f"{store.location}"))
-        console.print(f"wrote {n} entries to {html_path}", highlight=False)
+        console.print(f"wrote {n} entries to {markup(html_path)}", highlight=False)
     if png_path:
         n = _run(lambda: write_png(entries, png_path))
-        console.print(f"wrote {n} entries to {png_path}", highlight=False)
+        console.print(f"wrote {n} entries to {markup(png_path)}", highlight=False)
     if html_path or png_path:
         return
     if not entries:
-        console.print(f"no {decision or 'fallback'} decisions in {store.location}")
+        console.print(f"no {decision or 'fallback'} decisions in {markup(store.location)}")
     for e in entries:
-        console.rule(f"{e.key[:KEY_CHARS]} {e.kernel}", style="dim")
+        console.rule(markup(f"{e.key[:KEY_CHARS]} {e.kernel}"), style="dim")
         console.print(bar_chart(e, width=console.width))
 
 
@@ -664,12 +761,12 @@ def clear(obj: Ctx, everything: bool, key_prefix: str | None, kernel: str | None
     if not doomed and not (everything and store.stats().entries):  # --all also removes invalid values
         console.print("nothing to remove")
         return
-    if not yes and not click.confirm(f"Remove {len(doomed)} entries from {store.location}?", default=False):
+    if not yes and not click.confirm(f"Remove {len(doomed)} entries from {visible(store.location)}?", default=False):
         console.print("aborted; nothing removed")
         return
     removed = store.clear_all() if everything else store.delete([e.key for e in doomed])
     for e in doomed:
-        console.print(f"removed {e.key[:KEY_CHARS]} {e.kernel} ({e.decision.action})", highlight=False)
+        console.print(markup(f"removed {e.key[:KEY_CHARS]} {e.kernel} ({e.decision.action})"), highlight=False)
     console.print(f"{removed} entries removed")
 
 
@@ -706,7 +803,7 @@ def stats(obj: Ctx, as_json: bool) -> None:
         ("hit rate", f"{stored_hits / lookups:.1%} (hits / (hits + entries computed))" if lookups else "-"),
         ("healthy", str(s.healthy)), ("detail", s.detail or "-"),
     ):
-        table.add_row(field, value)
+        table.add_row(field, markup(value))
     out().print(table)
 
 
@@ -725,7 +822,7 @@ def export_cmd(obj: Ctx, path: str) -> None:
         count = _run(lambda: export_bundle(store, path))
     except OSError as exc:
         fail(f"cannot write bundle {path!r}: {exc.strerror or exc}")
-    out().print(f"exported {count} entries to {path}", highlight=False)
+    out().print(f"exported {count} entries to {markup(path)}", highlight=False)
 
 
 @click.command("import")
@@ -740,10 +837,27 @@ def import_cmd(obj: Ctx, path: str) -> None:
         imported, skipped = _run(lambda: import_bundle(store, path))
     except OSError as exc:
         fail(f"cannot read bundle {path!r}: {exc.strerror or exc}")
-    out().print(f"imported {imported} entries from {path} ({skipped} already present or skipped)", highlight=False)
+    out().print(f"imported {imported} entries from {markup(path)} ({skipped} already present or skipped)",
+                highlight=False)
 
 
-for _command in (warm, inspect, report, clear, stats, export_cmd, import_cmd):
+@click.command("load")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.pass_obj
+def load_cmd(obj: Ctx, path: str) -> None:
+    """Put an artifact made by 'prescreen warm --artifact' in place: its decisions and torch's compile caches.
+
+    Everything in it is checked before anything is changed. Its torch part is compiled code (like a model
+    file): load only artifacts you built or trust.
+    """
+    from prescreen.artifact import load
+
+    store = obj.store()
+    loaded = _run(lambda: load(path, store))
+    out().print(markup(loaded.summary()), highlight=False)
+
+
+for _command in (warm, inspect, report, clear, stats, export_cmd, import_cmd, load_cmd):
     cli.add_command(_command)
 
 

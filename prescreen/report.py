@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prescreen.budget import format_bytes
+from prescreen.display import visible
 from prescreen.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -40,13 +41,16 @@ def short_reason(action: str, bounded: bool, estimated: int | None, budget: int,
         return "observed OOM"
     if estimated is None:
         return reason
+    shown, limit = format_bytes(estimated), format_bytes(budget)
+    if shown == limit:  # rounded alike (2.0 MiB > 2.0 MiB): the exact bytes say which is larger
+        shown, limit = f"{estimated} B", f"{budget} B"
     if action == "tune":
-        return f"{format_bytes(estimated)} <= {format_bytes(budget)}"
+        return f"{shown} <= {limit}"
     dominant = _DOMINANT.search(reason)
     by = ""
     if dominant:
         by = f" ({dominant.group(2)})" if brief else f" ({dominant.group(2)} in group {dominant.group(1)})"
-    return f"{format_bytes(estimated)} > {format_bytes(budget)}{by}"
+    return f"{shown} > {limit}{by}"
 
 
 def group_labels(plan: Mapping[str, Any], group_ids: Iterable[int]) -> dict[int, str]:
@@ -111,10 +115,10 @@ def bar_chart(entry: Entry, width: int = 80) -> RenderableType:
     from rich.text import Text
 
     bars = Bars(entry)
-    lines: list[Text] = [Text(f"per-group bytes vs budget ({bars.caption()})", style="bold")]
+    lines: list[Text] = [Text(visible(f"per-group bytes vs budget ({bars.caption()})"), style="bold")]
     if not bars.rows:
         return Group(*lines)
-    label_w = min(max(len(label) for _, label, _ in bars.rows), max(12, width // 3))
+    label_w = min(max(len(visible(label)) for _, label, _ in bars.rows), max(12, width // 3))
     size_w = max(len(format_bytes(b)) for _, _, b in bars.rows)
     bar_w = max(10, width - label_w - size_w - 6)
     mark = min(bar_w - 1, round(bars.budget / bars.scale * bar_w))
@@ -125,7 +129,7 @@ def bar_chart(entry: Entry, width: int = 80) -> RenderableType:
         if mark < filled:
             cells = cells[:mark] + "│" + cells[mark + 1:]
         star = "*" if bars.dominant and bars.dominant[0] == g else " "
-        line = Text(f"{label[:label_w]:<{label_w}} ")
+        line = Text(f"{visible(label)[:label_w]:<{label_w}} ")
         line.append(cells, style="red" if over else "green")
         line.append(f" {format_bytes(nbytes):>{size_w}}{star}")
         lines.append(line)
@@ -134,7 +138,7 @@ def bar_chart(entry: Entry, width: int = 80) -> RenderableType:
     legend = f"budget {format_bytes(bars.budget)} at │"
     if bars.dominant:
         legend += f"   * group of the dominant arg {bars.dominant[1]}"
-    lines.append(Text(legend, style="dim"))
+    lines.append(Text(visible(legend), style="dim"))
     return Group(*lines)
 
 

@@ -8,6 +8,7 @@ import importlib.util
 import inspect
 import itertools
 import json
+import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -16,7 +17,12 @@ from typing import Any
 
 from prescreen.errors import ConfigError
 
-_SHAPE_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*([0-9]+)\s*(?:\.\.\s*([0-9]+))?\s*$")
+#: A size: digits, or digits with a decimal exponent (``1e6``), a whole number either way.
+_SIZE = r"([0-9]+(?:[eE][0-9]+)?)"
+_SHAPE_RE = re.compile(rf"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*{_SIZE}\s*(?:\.\.\s*{_SIZE})?\s*$")
+#: The largest size a ``--shape`` range may reach: torch holds sizes as signed 64-bit integers. Ranges
+#: far below it can still be refused by :func:`check_fits`, which knows the model's memory.
+MAX_SIZE = 2**63 - 1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -38,12 +44,25 @@ class ShapeRange:
         return tuple(sorted(out))
 
 
+def _size(digits: str, text: str) -> int:
+    """A whole size from ``4096`` or ``1e6``; one over :data:`MAX_SIZE` is a ConfigError (checked before
+    ``10**exponent`` or a long digit string is ever made into a number)."""
+    mantissa, _, exponent = digits.lower().partition("e")
+    mantissa = mantissa.lstrip("0") or "0"
+    magnitude = len(mantissa) + int(exponent or 0) if mantissa != "0" else 0
+    if magnitude > len(str(MAX_SIZE)) or (value := int(mantissa + "0" * int(exponent or 0))) > MAX_SIZE:
+        raise ConfigError(f"invalid shape {text!r}: {digits} is more than {MAX_SIZE} (2**63 - 1), the largest "
+                          "size torch can hold")
+    return value
+
+
 def parse_shape(text: str) -> ShapeRange:
-    """``batch=1..4096`` (or ``batch=64``) -> ShapeRange; a ConfigError names a bad value."""
+    """``batch=1..4096`` (or ``batch=64``, ``batch=1..1e6``) -> ShapeRange; a ConfigError names a bad value."""
     match = _SHAPE_RE.match(text)
     if not match:
         raise ConfigError(f"invalid shape {text!r} (expected NAME=MIN..MAX, e.g. batch=1..4096)")
-    name, low, high = match.group(1), int(match.group(2)), int(match.group(3) or match.group(2))
+    name, low = match.group(1), _size(match.group(2), text)
+    high = _size(match.group(3), text) if match.group(3) else low
     if low > high:
         raise ConfigError(f"invalid shape {text!r}: min {low} is greater than max {high}")
     if low < 1:
@@ -295,6 +314,84 @@ def merge_inductor_config(*layers: tuple[str, ...]) -> tuple[str, ...]:
             merged.pop(name, None)
             merged[name] = f"{name}={raw}"
     return tuple(merged.values())
+
+
+def available_memory(device: str) -> tuple[int, str] | None:
+    """Bytes free on ``device`` for warm's model and example inputs, and what the figure is; None where it
+    cannot be told. The host's ``MemAvailable`` for ``cpu``; the device's free memory for others."""
+    import torch
+
+    kind = torch.device(device).type
+    if kind == "cpu":
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024, "available host memory"
+        except (OSError, ValueError, IndexError):
+            pass
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"), "free host memory"
+        except (OSError, ValueError):
+            return None
+    mem_get_info = getattr(getattr(torch, kind, None), "mem_get_info", None)
+    if mem_get_info is None:
+        return None
+    try:
+        return int(mem_get_info(device)[0]), f"free {kind} memory"
+    except Exception:
+        return None
+
+
+def _meta_bytes(fn: Callable[..., Any], sizes: Mapping[str, int]) -> int:
+    """The bytes of the model's parameters and buffers and its example inputs at ``sizes``, built on torch's meta
+    device (shapes only, nothing allocated). Raises what the build raises; ValueError where the target put a
+    tensor on a real device of its own choosing (then nothing can be told without allocating)."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    with torch.device("meta"):
+        model, inputs = build(fn, sizes, "meta")
+    tensors = [t for t in tree_leaves(list(inputs)) if isinstance(t, torch.Tensor)]
+    if isinstance(model, torch.nn.Module):
+        tensors += [*model.parameters(), *model.buffers()]
+    if any(t.device.type != "meta" for t in tensors):
+        raise ValueError("the target builds on a device of its own")
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def check_fits(fn: Callable[..., Any], grid: list[dict[str, int]], device: str) -> None:
+    """Refuse a warm whose largest sizes cannot fit before anything is allocated (``warm`` builds a real model and
+    real inputs at every size, so a range such as ``batch=1..1e12`` would grow until the host kills it).
+
+    The model is built on the meta device at the smallest and the largest sizes: its parameters, buffers and
+    example inputs at the largest must fit in the device's free memory (the host's available memory for
+    ``cpu``). This is a lower bound (the forward pass needs more), so a warm that passes can still run out.
+    A target that cannot build on the meta device at all is not checked.
+    """
+    named = [sizes for sizes in grid if sizes]
+    if not named:
+        return
+    smallest = {name: min(p[name] for p in named) for name in named[0]}
+    largest = {name: max(p[name] for p in named) for name in named[0]}
+    try:
+        _meta_bytes(fn, smallest)
+    except Exception:
+        return  # not buildable on the meta device: the real build says what is wrong, if anything
+    at = ", ".join(f"{k}={v}" for k, v in largest.items())
+    try:
+        need = _meta_bytes(fn, largest)
+    except Exception as exc:
+        why = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {_first_line(exc)}"
+        raise ConfigError(f"the largest sizes are too large: measuring the model at {at} on the meta device failed "
+                          f"({why}); narrow --shape") from None
+    have = available_memory(device)
+    if have is not None and need > have[0]:
+        from prescreen.budget import format_bytes
+
+        raise ConfigError(f"warm at {at} needs at least {format_bytes(need)} ({need} bytes) for the model and its "
+                          f"example inputs, more than the {format_bytes(have[0])} of {have[1]} on {device}; "
+                          "narrow --shape")
 
 
 def check_device(device: str) -> str:

@@ -33,6 +33,12 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         ("80GB", 80 * 10**9),
         ("512MiB", 512 * 2**20),
         ("1.5GiB", 3 * 2**29),
+        ("64Gi", 64 * 2**30),  # Kubernetes' spelling
+        ("512Mi", 512 * 2**20),
+        ("1e9", 10**9),  # bytes, exactly
+        ("2.5e3KiB", 2500 * 1024),
+        (".5k", 500),
+        ("1e18", 10**18),
         ("2 kib", 2048),
         (" 7 TiB ", 7 * 2**40),
         ("1TB", 10**12),
@@ -49,14 +55,15 @@ def test_parse_memory(text: str | int, expected: int) -> None:
     assert parse_memory(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "abc", "GiB", "-1GiB", "0", "0GiB", "0.4b", "1XB", "1.2.3GB", "1e9", "12 Gibibytes", "1_000"])
+@pytest.mark.parametrize("text", ["", "abc", "GiB", "-1GiB", "0", "0GiB", "0.4b", "1XB", "1.2.3GB", "12 Gibibytes", "1_000", "2e18",
+                                  "1e999999999", "0.5", "1e-3", "inf", "nan", "1e9.5"])
 def test_parse_memory_rejects_bad_strings(text: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_memory(text)
     assert repr(text) in str(info.value)
 
 
-@pytest.mark.parametrize("value", [0, -5, True])
+@pytest.mark.parametrize("value", [0, -5, True, 2**61])
 def test_parse_memory_rejects_bad_ints(value: int) -> None:
     with pytest.raises(ConfigError) as info:
         parse_memory(value)

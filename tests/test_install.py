@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -159,3 +160,33 @@ def test_lazy_install_constants_match_the_guards() -> None:
 
     assert activation.NPU_MODULE == npu.NPU_MODULE
     assert activation.NPU_RUNTIME_MODULE == npu.RUNTIME_MODULE
+
+
+def test_a_junk_prescreen_value_is_said_once_at_import_torch(tmp_path: Path) -> None:
+    """``PRESCREEN=banana`` leaves the guards off, as any value that is not on does, but says so (not silently)."""
+    proc = _run("import sys, torch; print('OK', 'prescreen.hooks.activation' in sys.modules)", tmp_path,
+                PRESCREEN="banana")
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK False"), proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if "prescreen" in line]
+    assert lines == ["prescreen: PRESCREEN='banana' is not one of 1, true, yes, on (or 0, false, no, off); the guards "
+                     "stay off"], proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("value", ["", "0", "off", "False", " no "])
+def test_an_off_prescreen_value_is_quiet(tmp_path: Path, value: str) -> None:
+    proc = _run("from _prescreen_autoload import autoload; autoload(); print('OK')", tmp_path, PRESCREEN=value)
+    assert proc.returncode == 0 and proc.stdout.strip() == "OK" and proc.stderr == "", proc.stderr
+
+
+@pytest.mark.parametrize("configured", [False, True])
+def test_verbose_prints_its_summary_without_logging_configured(tmp_path: Path, configured: bool) -> None:
+    """``PRESCREEN_VERBOSE=1`` prints the exit summary on stderr when logging is not set up (logging's last-resort
+    handler drops INFO), and logs it once, not twice, when it is."""
+    setup = "import logging; logging.basicConfig(level=logging.INFO, format='LOG %(message)s'); " if configured else ""
+    proc = _run(setup + "from prescreen.hooks.activation import install; install(lazy=True)", tmp_path,
+                PRESCREEN_VERBOSE="1", PRESCREEN_CACHE_DIR=str(tmp_path / "cache"))
+    assert proc.returncode == 0, proc.stderr
+    summaries = [line for line in proc.stderr.splitlines() if re.search(r"prescreen: \d+ lookups, \d+ store hits",
+                                                                        line)]
+    assert len(summaries) == 1, proc.stderr
+    assert summaries[0].startswith("LOG ") == configured, proc.stderr

@@ -6,8 +6,10 @@ import pytest
 
 from prescreen.errors import ConfigError
 from prescreen.target import (
+    MAX_SIZE,
     ShapeRange,
     build,
+    check_fits,
     load_spec,
     load_target,
     parse_inductor_config,
@@ -22,6 +24,44 @@ def test_parse_shape_forms_and_errors() -> None:
     for bad in ("batch", "batch=10..2", "batch=0..4", "9x=1..2", "batch=a..b"):
         with pytest.raises(ConfigError, match="invalid shape"):
             parse_shape(bad)
+
+
+def test_parse_shape_sizes_with_an_exponent_and_the_largest_size() -> None:
+    assert parse_shape("batch=1..1e6") == ShapeRange("batch", 1, 10**6)
+    assert parse_shape("batch=2E3") == ShapeRange("batch", 2000, 2000)
+    assert parse_shape(f"batch=1..{MAX_SIZE}").high == 2**63 - 1
+    for too_big in (f"batch=1..{MAX_SIZE + 1}", "batch=1..1e19", "batch=1..1e999999999", "batch=1.." + "9" * 5000):
+        with pytest.raises(ConfigError, match=r"is more than 9223372036854775807 \(2\*\*63 - 1\)"):
+            parse_shape(too_big)
+    for bad in ("batch=1.5e3", "batch=1e-3", "batch=1..2e"):
+        with pytest.raises(ConfigError, match="expected NAME=MIN..MAX"):
+            parse_shape(bad)
+
+
+def _mlp_target(tmp_path, device_line: str = "device=device") -> object:
+    path = tmp_path / "m.py"
+    path.write_text("import torch\n"
+                    "def make(batch=2, device='cpu'):\n"
+                    "    model = torch.nn.Linear(64, 32)\n"
+                    f"    return model, (torch.empty(batch, 64, {device_line}),)\n")
+    return load_target(f"{path}:make")
+
+
+def test_check_fits_measures_on_the_meta_device(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import prescreen.target as target
+
+    fn = _mlp_target(tmp_path)
+    grid = [{"batch": 7}, {"batch": 4095}]
+    need = (4095 * 64 + 64 * 32 + 32) * 4  # the inputs at the largest batch, the weight and the bias (fp32)
+    monkeypatch.setattr(target, "available_memory", lambda device: (need, "test memory"))
+    check_fits(fn, grid, "cpu")  # exactly fits
+    monkeypatch.setattr(target, "available_memory", lambda device: (need - 1, "test memory"))
+    with pytest.raises(ConfigError, match=rf"warm at batch=4095 needs at least .* \({need} bytes\) for the model "
+                                          r"and its example inputs, more than the .* of test memory on cpu"):
+        check_fits(fn, grid, "cpu")
+    check_fits(fn, [{}], "cpu")  # no shapes: nothing to grow
+    # a target that builds on a device of its own cannot be measured without allocating: not checked
+    check_fits(_mlp_target(tmp_path, "device='cpu'"), grid, "cpu")
 
 
 def test_points_are_geometric_with_both_ends() -> None:
