@@ -77,9 +77,10 @@ def _patch_select(_module: ModuleType) -> None:
 
 
 def _patch_compile_fx(module: ModuleType) -> None:
-    from prescreen.hooks import cache_tag
+    from prescreen.hooks import aoti, cache_tag
 
     cache_tag.patch(module)
+    aoti.patch()
 
 
 def _patch_npu(_module: ModuleType) -> None:
@@ -149,12 +150,13 @@ def _announce(lazy: bool) -> None:
 def uninstall() -> None:
     """Restore upstream behaviour everywhere (idempotent)."""
     global _active
-    from prescreen.hooks import cache_tag, npu, select_algorithm
+    from prescreen.hooks import aoti, cache_tag, npu, select_algorithm
 
     with _lock:
         import_hook.forget(SELECT_MODULE)
         import_hook.forget(COMPILE_FX_MODULE)
         cache_tag.unpatch()
+        aoti.unpatch()
         import_hook.forget(NPU_MODULE)
         import_hook.forget(NPU_RUNTIME_MODULE)
         select_algorithm.unpatch()

@@ -366,7 +366,15 @@ def warm_model(
                 seen = len(report.records)
                 try:
                     hits = _cache_hits()
-                    _compile_point(fn, sizes, device, mode)
+                    try:
+                        _compile_point(fn, sizes, device, mode)
+                    except Exception as exc:
+                        if _cache_hits() == hits:
+                            raise
+                        # A graph torch's caches gave for other sizes failed at these: lowered again below.
+                        logging.getLogger("prescreen").warning(
+                            "prescreen: torch's FX graph cache answered the compile at %s with a graph that failed "
+                            "(%s); compiling it again without the cache", sizes, str(exc).splitlines()[0][:200])
                     report.compiles += 1
                     if _cache_hits() > hits:  # torch's caches answered: lower again, to decide this family
                         report.cache_answered += 1

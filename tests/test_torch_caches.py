@@ -149,3 +149,32 @@ def test_plan_only_decides_every_family_and_benchmarks_nothing(tmp_path: Path) -
     assert planned["plan_only"] and planned["decisions_made"] == 3 and planned["tuned"] == 3
     assert planned["benchmarks"] == 0 and planned["cache_answered"] == 0
     assert not (tmp_path / "inductor" / "cache").exists()  # no timings written
+
+
+def test_aoti_compile_and_package_is_guarded_with_per_kernel_autotune_arguments(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    from tiny_models import pair_bmm
+    from torch._inductor import config as ic
+
+    import prescreen
+    from prescreen.hooks import state
+    from prescreen.store import DiskStore
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    state.reset()
+    seen: list[bool] = []
+    model, inputs = pair_bmm(batch=8)
+    store = DiskStore(tmp_path / "store")
+    batch = torch.export.Dim("batch", min=2, max=64)
+    with prescreen.installed(store=store, device_memory="64GiB", ratio=1e-9):
+        program = torch.export.export(model, inputs, dynamic_shapes=({0: batch}, {0: batch}))
+        path = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "m.pt2"),
+                                                        inductor_configs={"max_autotune": True})
+        seen.append(bool(ic.aot_inductor.autotune_per_kernel_alloc))
+    assert seen == [True] and not ic.aot_inductor.autotune_per_kernel_alloc  # given back after
+    state.reset()
+    entries = list(store.entries())
+    assert [(e.kernel, e.decision.action) for e in entries] == [("select:bmm", "fallback")]
+    runner = torch._inductor.aoti_load_package(path)
+    torch.testing.assert_close(runner(*inputs), model(*inputs), atol=1e-4, rtol=1e-4)
