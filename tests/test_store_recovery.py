@@ -7,6 +7,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import threading
 import tracemalloc
 from pathlib import Path
 
@@ -285,6 +286,28 @@ def test_recovery_killed_while_moving_files_is_finished_by_the_next_open(tmp_pat
         assert sum(store.get(e.key) is not None for e in entries) == len(entries)
     salvaged = [p.name for p in directory.glob("cache.db.salvaged-*")]
     assert len({name.removesuffix("-wal").removesuffix("-shm") for name in salvaged}) == 1  # one name, resumed
+
+
+def test_a_fifo_planted_as_recovery_pending_does_not_hang_a_recovery(tmp_path: Path) -> None:
+    # Before: reading the pending recovery's name opened the FIFO and waited for a writer forever.
+    directory = tmp_path / "cache"
+    entries = _corrupt_with_files(directory)
+    os.mkfifo(directory / PENDING_NAME, 0o600)
+    found: list[int] = []
+
+    def recover() -> None:
+        with DiskStore(directory, min_file_size=4000) as store:
+            found.append(sum(store.get(e.key) is not None for e in entries))
+
+    thread = threading.Thread(target=recover, daemon=True)
+    thread.start()
+    thread.join(60)
+    if thread.is_alive():
+        os.close(os.open(directory / PENDING_NAME, os.O_WRONLY | os.O_NONBLOCK))  # release it, then fail
+        thread.join(10)
+        pytest.fail("a recovery blocked on a FIFO in place of recovery.pending")
+    assert found == [len(entries)]
+    assert not (directory / PENDING_NAME).exists()
 
 
 def test_recovery_is_idempotent(tmp_path: Path) -> None:

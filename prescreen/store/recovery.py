@@ -31,7 +31,7 @@ import diskcache
 from diskcache.core import DBNAME
 
 from prescreen.store.entry import MAX_ENTRY_BYTES, InvalidEntry, read_stored
-from prescreen.store.secure import create_private_file, value_file
+from prescreen.store.secure import create_private_file, open_regular, value_file
 from prescreen.store.signing import Signer
 from prescreen.store.textdisk import TextDisk, read_value_file
 
@@ -117,8 +117,12 @@ def is_corrupt(db: Path, timeout: float) -> bool:
 
 
 def _pending_suffix(directory: Path) -> str | None:
+    """The suffix ``recovery.pending`` names, if it is a regular file (``open_regular``: a FIFO planted in
+    its place is not waited on) holding one."""
     try:
-        text = (directory / PENDING_NAME).read_text(encoding="ascii").strip()
+        fd, _ = open_regular(directory / PENDING_NAME)
+        with os.fdopen(fd, "rb") as reader:
+            text = reader.read(64).decode("ascii").strip()
     except (OSError, UnicodeDecodeError):
         return None
     return text if _SUFFIX.fullmatch(text) else None
