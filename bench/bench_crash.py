@@ -4,11 +4,18 @@ Run: ``python bench/bench_crash.py [--kills 50] [--scenarios live-recovery,...]`
 child processes with SIGKILL at random times (``--kills`` per scenario) while they
 write, recover a corrupt database, delete/clear, or import a bundle; in
 ``live-recovery`` a writer keeps writing while another process (this one)
-finds a damaged database and recovers it, and is killed some time after. A child
-logs a key only after ``put`` returned True (acknowledged). Afterwards the
-directory is opened normally and the script prints, per scenario:
+finds a damaged database and recovers it, and is killed some time after. In
+``oom-locked`` (``--kills`` / 5 rounds) a process records observed OOMs while
+another holds the database's write lock for 0.5 to 3 s and two writers write;
+in ``oom-writers`` 8 processes share 2,000 plans, look them up in orders of
+their own, record an observed OOM for every fifth, and are killed at random. A child logs a key only
+after ``put`` returned True (acknowledged), a fact only after
+``record_observed_oom`` returned with it written. Afterwards the directory is
+opened normally and the script prints, per scenario:
 
-- acknowledged: puts that returned True before the kill;
+- acknowledged: puts that returned True before the kill (facts: the next column);
+- facts: observed OOMs acknowledged as written (``oom-lost``: those missing afterwards, or not an
+  observed OOM any more, must be 0);
 - present: entries the store holds afterwards;
 - lost: acknowledged entries missing afterwards (must be 0);
 - wrong: entries whose stored decision differs from a fresh one (must be 0);
@@ -32,8 +39,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from prescreen import service
 from prescreen.budget import Budget
-from prescreen.decision import decide
+from prescreen.decision import decide, is_observed_oom
+from prescreen.key import build_key
 from prescreen.plan import KernelPlan
 from prescreen.service import lookup_or_decide
 from prescreen.store import DiskStore, export_bundle
@@ -95,7 +104,7 @@ def child(kind: str, directory: str, log: str, start: int, extra: str) -> None:
     _AckStore.log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     entry(0)  # the first decision imports what the estimator needs (torch): seconds, not part of the soak
     count = int(extra or 0)
-    known = {seed: entry(seed) for seed in range(count)}
+    known = {seed: entry(seed) for seed in range(count)} if kind in ("clear", "import") else {}
     _AckStore.seed_of = {e.key: seed for seed, e in known.items()}
     fresh = [entry(start + i) for i in range(count)] if kind == "clear" and start >= 0 else []
     _AckStore.seed_of.update({e.key: start + i for i, e in enumerate(fresh)})
@@ -118,8 +127,35 @@ def child(kind: str, directory: str, log: str, start: int, extra: str) -> None:
         from prescreen.store import import_bundle
 
         import_bundle(store, log + ".bundle")
+    elif kind in ("facts", "oom"):
+        record_facts(store, kind, log, start, count)
     store.close()
     print("done", flush=True)
+
+
+FACT_BASE = 3_000_000  # the plans of the observed-OOM scenarios
+OOM_PLANS = 2000  # how many plans the ``oom-writers`` processes share
+
+
+def record_facts(store: DiskStore, kind: str, log: str, start: int, count: int) -> None:
+    """``facts``: the plans ``FACT_BASE + [0, count)`` in an order of ``start``'s, each looked up, and an
+    observed OOM recorded for every fifth (as a guarded step whose benchmark ran out); a fact is logged once
+    written (one kept in the process is not: a SIGKILL loses it). ``oom``: a fact for each of ``count`` plans
+    from ``start``, all logged (the process exits normally: one it kept is written at exit)."""
+    facts = os.open(log + ".facts", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    seeds = list(range(FACT_BASE, FACT_BASE + count)) if kind == "facts" else list(range(start, start + count))
+    if kind == "facts":
+        random.Random(start).shuffle(seeds)
+    for seed in seeds:
+        p = plan(seed)
+        _AckStore.seed_of[build_key(p, BUDGET)[0]] = seed
+        if kind == "facts":
+            lookup_or_decide(p, BUDGET, store)
+            if seed % 5:
+                continue
+        outcome = service.record_observed_oom(p, BUDGET, store, requested_bytes=1, free_bytes=2, error="bench")
+        if kind == "oom" or outcome.key not in service._held:
+            os.write(facts, f"{seed} {outcome.key}\n".encode())
 
 
 # -- the parent ---------------------------------------------------------------------------------
@@ -210,6 +246,90 @@ def check(directory: Path, seeds: list[int], expected: set[int] | None = None) -
 def add(total: dict[str, int], part: dict[str, int]) -> None:
     for k, v in part.items():
         total[k] = total.get(k, 0) + v
+
+
+def check_facts(directory: Path, log: Path, fact_seeds: set[int]) -> dict[str, int]:
+    """Reopen and check: every acknowledged put present and right (or, for a plan in ``fact_seeds``, an
+    observed OOM); every acknowledged fact present as an observed OOM; every present entry one of those."""
+    puts, facts = set(acked(log)), set(acked(Path(str(log) + ".facts")))
+    _, phantom = file_rows(directory)
+    out = {"acknowledged": len(puts), "facts": len(facts), "lost": 0, "wrong": 0, "oom-lost": 0, "phantom": phantom}
+
+    def right(seed: int, decision: object) -> bool:
+        return decision == decide(plan(seed), BUDGET) or (seed in fact_seeds and is_observed_oom(decision))  # type: ignore[arg-type]
+
+    with DiskStore(directory, min_file_size=MIN_FILE) as store:
+        for seed in puts:
+            got = store.get(entry(seed).key)
+            if got is None:
+                out["lost"] += 1
+            elif not right(seed, got.decision):
+                out["wrong"] += 1
+        for seed in facts:
+            got = store.get(entry(seed).key)
+            out["oom-lost"] += got is None or not is_observed_oom(got.decision)
+        present = list(store.entries())
+        out["present"] = len(present)
+        out["wrong"] += sum(not right(int(e.kernel.rsplit("_", 1)[1]), e.decision) for e in present)
+    out["orphaned"] = orphans(directory)
+    return out
+
+
+HOLD_LOCK = ("import sqlite3, sys, time\n"
+             "con = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=60)\n"
+             "con.execute('BEGIN EXCLUSIVE')\n"
+             "print('locked', flush=True)\n"
+             "time.sleep(float(sys.argv[2]))\n"
+             "con.execute('ROLLBACK')\n")
+
+
+def oom_locked(root: Path, kills: int, rng: random.Random) -> dict[str, int]:
+    """Observed OOMs recorded while another connection holds the write lock (0.5 to 3 s) and two writers write.
+
+    Each round stores the computed decision under the 20 facts' keys first (the facts must replace them),
+    starts the writers and the lock holder, then a process that records the 20 facts and exits normally.
+    """
+    total: dict[str, int] = {"kills": 0, "mid-op": 0}
+    for k in range(max(1, kills // 5)):
+        directory, log = root / f"locked-{k}", root / f"locked-{k}.log"
+        first = FACT_BASE + 100_000 * (k + 1)
+        seeds = set(range(first, first + 20))
+        with DiskStore(directory, min_file_size=MIN_FILE) as store:
+            for seed in seeds:
+                lookup_or_decide(plan(seed), BUDGET, store)
+        procs = [spawn("writer", directory, log, start=4_000_000 + 100_000 * w + 1000 * k) for w in range(2)]
+        holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(directory / "cache.db"),
+                                   f"{rng.uniform(0.5, 3.0):.2f}"], stdout=subprocess.PIPE, text=True)
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        recorder = spawn("oom", directory, log, start=first, extra="20")
+        assert recorder.stdout is not None
+        line = recorder.stdout.readline().strip()
+        recorder.wait()
+        assert line == "done", f"the recording child said {line!r}"
+        holder.wait()
+        for proc in procs:
+            total["kills"] += 1
+            total["mid-op"] += kill(proc)
+        add(total, check_facts(directory, log, seeds))
+        shutil.rmtree(directory)
+    return total
+
+
+def oom_writers(root: Path, kills: int, rng: random.Random) -> dict[str, int]:
+    """8 processes on 2,000 shared plans, each looked up and every fifth recorded as an observed OOM (by
+    whichever process gets there: the others hit it or find it there); killed at random and started again."""
+    directory, log = root / "oom-writers", root / "oom-writers.log"
+    procs = [spawn("facts", directory, log, start=w, extra=str(OOM_PLANS)) for w in range(8)]
+    mid = 0
+    for k in range(kills):
+        time.sleep(rng.uniform(0.05, 1.0))
+        w = k % 8
+        mid += kill(procs[w])
+        procs[w] = spawn("facts", directory, log, start=8 * (k + 1) + w, extra=str(OOM_PLANS))
+    for proc in procs:
+        mid += kill(proc)
+    out = check_facts(directory, log, {s for s in range(FACT_BASE, FACT_BASE + OOM_PLANS) if s % 5 == 0})
+    return {"kills": kills + 8, "mid-op": mid, **out}
 
 
 def writers(root: Path, kills: int, rng: random.Random) -> dict[str, int]:
@@ -392,13 +512,13 @@ def main() -> None:
         return
     rng = random.Random(args.seed)
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {args.kills} SIGKILLs per scenario")
-    columns = ["kills", "mid-op", "acknowledged", "present", "lost", "wrong", "orphaned", "phantom"]
+    columns = ["kills", "mid-op", "acknowledged", "facts", "present", "lost", "wrong", "orphaned", "phantom"]
     print(f"{'scenario':<14}" + "".join(f"{c:>14}" for c in columns) + "  other")
     failed = False
     with tempfile.TemporaryDirectory(prefix="prescreen-crash-") as tmp:
         root = Path(tmp)
         scenarios = (("writers", writers), ("recovery", recovery), ("live-recovery", live_recovery),
-                     ("clear", clear), ("import", import_))
+                     ("clear", clear), ("import", import_), ("oom-locked", oom_locked), ("oom-writers", oom_writers))
         chosen = {name for name in args.scenarios.split(",") if name}
         unknown = chosen - {name for name, _ in scenarios}
         if unknown:

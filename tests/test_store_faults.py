@@ -322,14 +322,15 @@ def test_a_fact_that_cannot_be_written_is_kept_in_the_process(
 
 
 def test_a_fact_kept_in_the_process_is_written_at_exit(tmp_path: Path) -> None:
-    """A process that could not write its fact (the lock held throughout) writes it when it exits normally."""
+    """A process that could not write its fact (the lock held throughout) writes it when it exits normally,
+    though it closed its store meanwhile."""
     directory = tmp_path / "cache"
     fill(directory, range(2))
     gate = tmp_path / "exit"
     holder = hold_write_lock(directory / "cache.db", 60)
     try:
         child = fact_child({"store": {"disk": str(directory), "write_wait": 0.2}, "seed": FACT_SEED, "do": "record",
-                            "fact_wait": 0.3, "exit_after": str(gate)})
+                            "fact_wait": 0.3, "close": True, "exit_after": str(gate)})
         assert child.stdout is not None
         line = child.stdout.readline()
         assert line.startswith("RESULT ") and json.loads(line[len("RESULT "):])["held"], line

@@ -375,13 +375,14 @@ class DiskStore(Store):
         self.warn_once(fault.value, f"{detail}; pausing {'writes' if write else 'the store'} for {self.cooldown:g} s")
 
     def _handle(self, write: bool, force: bool = False) -> FastOpenCache | ReadOnlyCache | None:
-        """What an operation goes to; None while paused (``force``: a fact's write, never paused, and trying to
-        open a store a failed open left off for ``cooldown``)."""
+        """What an operation goes to; None while paused (``force``: a fact's write, never paused, and opening
+        the store again where a failed open left it off for ``cooldown``, or ``close`` closed it: a fact this
+        process kept is written at exit, after the hooks closed their store)."""
         now = time.monotonic()
         if not force and now < (self._writes_paused_until if write else self._reads_paused_until):
             return None
         if self._cache is None and self._reader is None and (
-                now >= self._open_again_at or (force and self._open_again_at != math.inf)):
+                now >= self._open_again_at or (force and self.refused is None)):
             with self._lock:
                 if self._cache is None and self._reader is None:
                     self._open()

@@ -65,9 +65,11 @@ else:
         result["seen_at"] = time.time() if is_observed_oom(outcome.decision) else None
 result.update(action=outcome.decision.action, hit=outcome.hit, observed=is_observed_oom(outcome.decision))
 print("RESULT " + json.dumps(result), flush=True)
+if spec.get("close"):
+    store.close()  # as the hooks close the store they opened (``state.reset``): exit writes a kept fact all the same
 if "exit_after" in spec:
     gate = Path(spec["exit_after"])
     deadline = time.monotonic() + 60
     while not gate.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
-# no close: interpreter exit writes what this process still holds (``service.write_held_facts``)
+# interpreter exit writes what this process still holds (``service.write_held_facts``)
