@@ -87,12 +87,33 @@ def _usage_line(exc: click.ClickException) -> str:
     return text
 
 
+class _VisibleStderr(logging.Handler):
+    """prescreen's warnings on the current stderr, as logging's last resort would print them (the message alone),
+    but with control characters shown as escapes: a warning can hold a path or a value from the store."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(visible(self.format(record)) + "\n")  # the stream of now (click's runner swaps it)
+        except Exception:  # pragma: no cover - as logging's own handlers do
+            self.handleError(record)
+
+
+def _visible_warnings() -> None:
+    log = logging.getLogger("prescreen")
+    if not any(isinstance(h, _VisibleStderr) for h in log.handlers):
+        log.addHandler(_VisibleStderr())
+
+
 class PrescreenGroup(click.Group):
     """A group whose usage errors read like prescreen's own: one ``error:`` line, exit 2."""
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
         standalone = standalone_mode
+        _visible_warnings()
         try:
             rv = super().main(args, prog_name, complete_var, False, **extra)
         except click.exceptions.NoArgsIsHelpError as exc:

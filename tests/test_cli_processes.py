@@ -330,6 +330,16 @@ def test_hostile_kernel_names_are_shown_as_text(tmp_path: Path) -> None:
     assert json.loads(_done(_cli(cache, "stats", "--json"))[0])["entries"] == 0
 
 
+def test_a_store_warning_shows_escapes_as_text(tmp_path: Path) -> None:
+    """A warning names the store's path (here with a title-setting escape in it): logged as visible text too."""
+    cache = tmp_path / "c\x1b]0;title\x07"
+    cache.mkdir(mode=0o700)
+    (cache / "cache.db").write_bytes(b"not a database" * 100)  # recovered, and warned about
+    out, err = _done(_cli(cache, "stats"))
+    assert "database file is corrupt" in err and "c\\x1b]0;title\\x07" in err, err
+    assert not any(raw in out + err for raw in RAW), err
+
+
 def test_a_read_only_file_system_is_named(tmp_path: Path) -> None:
     """A cache directory that cannot be created on a read-only mount says so, not "No such file"."""
     unshare = shutil.which("unshare")
