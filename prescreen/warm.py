@@ -287,15 +287,61 @@ def _torch_caches_bypassed() -> Iterator[None]:
         yield
 
 
-def _compile_point(fn: Callable[..., Any], sizes: dict[str, int], device: str, mode: str) -> None:
+class _Planned(Exception):
+    """Raised in place of a ``--plan-only`` compile's code generation: by then the scheduler has made its
+    fusion decisions and lowering its algorithm selections, which is all prescreen decides at compile time."""
+
+
+@contextlib.contextmanager
+def _codegen_skipped(skip: bool) -> Iterator[None]:
+    """With ``skip``, a compile stops where its kernels would be generated and compiled (most of a compile's
+    time once nothing is benchmarked), so a plan-only warm pays for lowering and scheduling alone."""
+    if not skip:
+        yield
+        return
+    from torch._inductor.scheduler import Scheduler
+
+    original = Scheduler.codegen
+
+    def planned(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise _Planned()
+
+    Scheduler.codegen = planned  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Scheduler.codegen = original  # type: ignore[method-assign]
+
+
+def _stopped_by_plan(exc: BaseException) -> bool:
+    """Whether ``exc`` is ``_Planned``, however torch wrapped it (cause, context, ``inner_exception``)."""
+    seen: list[BaseException] = []
+    todo: list[BaseException | None] = [exc]
+    while todo and len(seen) < 32:
+        cur = todo.pop()
+        if cur is None or any(cur is s for s in seen):
+            continue
+        if isinstance(cur, _Planned):
+            return True
+        seen.append(cur)
+        todo.extend([cur.__cause__, cur.__context__, getattr(cur, "inner_exception", None)])
+    return False
+
+
+def _compile_point(fn: Callable[..., Any], sizes: dict[str, int], device: str, mode: str,
+                   plan_only: bool = False) -> None:
     """One fresh compile of the target at ``sizes`` (dynamo reset first, so nothing in memory answers)."""
     import torch
 
     model, inputs = build(fn, sizes, device)
     torch._dynamo.reset()
     compiled = torch.compile(model, dynamic=True, mode=mode)
-    with torch.no_grad(), families.naming(sizes):
-        compiled(*inputs)  # type: ignore[no-untyped-call]
+    try:
+        with torch.no_grad(), families.naming(sizes), _codegen_skipped(plan_only):
+            compiled(*inputs)  # type: ignore[no-untyped-call]
+    except Exception as exc:
+        if not (plan_only and _stopped_by_plan(exc)):
+            raise
 
 
 def warm_model(
@@ -323,8 +369,10 @@ def warm_model(
     AOTAutograd cache answered is therefore lowered once more with those two caches bypassed (neither
     read nor written), and counted in ``cache_answered``.
 
-    ``plan_only``: every guarded step decides as usual but benchmarks nothing (the fallback is taken
-    for the compile itself, and torch's caches are off so that compile's output is kept nowhere).
+    ``plan_only``: every compile-time step (algorithm selection, epilogue fusion) decides as usual but
+    benchmarks nothing, and the compile stops before its kernels are generated (``_codegen_skipped``);
+    torch's caches are off, so nothing of it is kept. Runtime autotuning is decided at a kernel's first
+    call, on its real arguments, so a plan-only warm does not cover it.
 
     ``artifact``: at the end, write one file for deployment (``prescreen.artifact``) holding torch's
     mega-cache (``torch.compiler.save_cache_artifacts()``: every compile of this process so far) and
@@ -367,7 +415,7 @@ def warm_model(
                 try:
                     hits = _cache_hits()
                     try:
-                        _compile_point(fn, sizes, device, mode)
+                        _compile_point(fn, sizes, device, mode, plan_only)
                     except Exception as exc:
                         if _cache_hits() == hits:
                             raise
