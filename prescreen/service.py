@@ -22,7 +22,7 @@ from prescreen.key import KeyParts, build_key
 from prescreen.plan import KernelPlan
 from prescreen.representatives import Representatives
 from prescreen.store.base import BEFORE_HITS_READ, Store
-from prescreen.store.entry import Entry
+from prescreen.store.entry import Entry, outranks
 
 log = logging.getLogger("prescreen")
 
@@ -336,12 +336,19 @@ def _lookup_or_decide(
     decision = decide_with(plan, reps, budget)
     family = None if isinstance(reps, NotBounded) else family_summary(reps)
     entry = Entry.new(key, parts, plan, family, decision)
+    outcome = Outcome(key, decision, False, entry)
     if store is not None and write:
         _remember(store, key, entry)  # taken back by ``_written`` if the put does not store it
-        _written(store, key, _put(store, entry))
+        stored = _put(store, entry)
+        _written(store, key, stored)
+        if not stored:  # another process's stricter entry (a fact) may have got there since the read: it stands
+            there = store.lookup(key)
+            if there is not None and there.dynamic == plan.is_dynamic and outranks(there.decision, decision):
+                _remember(store, key, there)
+                outcome = Outcome(key, there.decision, True, there)
     with _lock:
-        _book(decision, _RAW_COUNTS)
-    return _observed(Outcome(key, decision, False, entry), plan)
+        _book(outcome.decision, _RAW_COUNTS)
+    return _observed(outcome, plan)
 
 
 def _put(store: Store, entry: Entry) -> bool:

@@ -99,6 +99,24 @@ def test_a_computed_tune_never_overwrites_an_observed_oom(tmp_path: Path) -> Non
     assert hit is not None and is_observed_oom(hit.decision)
 
 
+def test_a_fact_stored_between_a_lookups_read_and_its_put_is_the_answer(tmp_path: Path) -> None:
+    """Another process records the fact after this lookup read the store and before its put: the put keeps
+    the fact, and the lookup answers with it, not with the ``tune`` it computed."""
+    theirs = record_observed_oom(_plan(), BUDGET, None, requested_bytes=1, free_bytes=2).entry
+    assert theirs is not None
+
+    class Racing(DiskStore):
+        def put(self, entry: Entry) -> bool:
+            DiskStore.put(self, theirs)  # the other process, just before
+            return super().put(entry)
+
+    with Racing(tmp_path / "s") as store:
+        outcome = lookup_or_decide(_plan(), BUDGET, store)
+        assert outcome.hit and is_observed_oom(outcome.decision) and outcome.decision == theirs.decision
+        again = lookup_or_decide(_plan(), BUDGET, store)
+        assert again.hit and is_observed_oom(again.decision)
+
+
 def test_observed_entry_survives_json_validation() -> None:
     plan = _plan()
     rec = record_observed_oom(plan, BUDGET, None, requested_bytes=1, free_bytes=2)
