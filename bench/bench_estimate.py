@@ -6,27 +6,34 @@ are skipped (and listed). Each time is the median of several repetitions, in
 microseconds; ratios are against the smallest plan. The last line gives the
 slowest decision among the largest plans (the goal is under 0.2 s).
 
-    python bench/bench_estimate.py [--max-groups 83521] [--reps 5]
+``--crossover`` instead times the footprint's two evaluations on every plan,
+the plain loop (``reference_footprint``) and numpy, taking turns, and prints
+the largest group x argument count where the loop was still faster: where
+``footprint.LOOP_MAX`` comes from.
+
+    python bench/bench_estimate.py [--max-groups 83521] [--reps 5] [--crossover]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from prescreen import footprint  # noqa: E402
 from prescreen.budget import Budget  # noqa: E402
 from prescreen.decision import decide  # noqa: E402
-from prescreen.footprint import estimate_footprint  # noqa: E402
+from prescreen.footprint import estimate_footprint, reference_footprint  # noqa: E402
 from prescreen.plan import KernelPlan  # noqa: E402
 from prescreen.representatives import build_representatives  # noqa: E402
 
@@ -93,11 +100,56 @@ def median_us(fn: Callable[[], object], reps: int) -> float:
     return statistics.median(samples)
 
 
+def crossover(max_groups: int, reps: int) -> None:
+    """Loop against numpy on the bench plans and a few tiny ones, by group x argument evaluations."""
+    plans = [make_plan(n_args, 1, n_buckets) for n_args in (1, 2, 3, 4, 6, 8) for n_buckets in (1, 2, 3, 4, 6, 8)]
+    plans += [make_plan(n_args, f, b) for f in FEATURES for b in BUCKETS for n_args in ARGS
+              if (b + 1) ** f <= max_groups]
+    rows = []
+    for plan in plans:
+        reps_ = build_representatives(plan)
+        n = len(reps_.groups) * sum(1 for a in plan.args if a.kind != "size")
+        loop_s, numpy_s = [], []
+        gc.disable()
+        try:
+            for _ in range(max(reps, 5) * 4):
+                start = time.perf_counter()
+                reference_footprint(plan, reps_)
+                loop_s.append(time.perf_counter() - start)
+                with _loop_max(0):
+                    start = time.perf_counter()
+                    estimate_footprint(plan, reps_)
+                    numpy_s.append(time.perf_counter() - start)
+        finally:
+            gc.enable()
+        rows.append((n, statistics.median(loop_s) * 1e6, statistics.median(numpy_s) * 1e6))
+    rows.sort()
+    print(f"{'evals':>6} {'loop_us':>10} {'numpy_us':>10}")
+    for n, loop_us, numpy_us in rows:
+        print(f"{n:>6} {loop_us:>10.1f} {numpy_us:>10.1f}")
+    faster = [n for n, loop_us, numpy_us in rows if loop_us < numpy_us]
+    print(f"largest evaluation count where the loop was faster: {max(faster) if faster else 0} "
+          f"(footprint.LOOP_MAX = {footprint.LOOP_MAX})")
+
+
+@contextlib.contextmanager
+def _loop_max(value: int) -> Iterator[None]:
+    old, footprint.LOOP_MAX = footprint.LOOP_MAX, value
+    try:
+        yield
+    finally:
+        footprint.LOOP_MAX = old
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-groups", type=int, default=83521, help="skip plans with more groups (default 83521)")
     parser.add_argument("--reps", type=int, default=5, help="repetitions per plan, median reported (default 5)")
+    parser.add_argument("--crossover", action="store_true", help="loop against numpy, by evaluations")
     opts = parser.parse_args()
+    if opts.crossover:
+        crossover(min(opts.max_groups, 1000), opts.reps)
+        return
     began = time.perf_counter()
     budget = Budget("npu", 64 * 2**30, 0.25)
     print(f"machine: {platform.platform()} | {platform.machine()} | python {platform.python_version()} "

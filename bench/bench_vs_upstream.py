@@ -8,13 +8,9 @@ the wheel cannot be had, the reason is printed and nothing is timed.
 Per plan: torch_npu's ``build_group_representatives`` +
 ``estimate_grouped_benchmark_footprint`` on the payload (what its guard runs)
 against prescreen's ``build_representatives`` + ``estimate_footprint`` on the
-parsed plan: the same plan object call after call (``ours_us``: its compiled
-form, kept on the object, is reused; every call still computes every
-representative and evaluates every argument over the groups) and an equal plan
-object built anew, untimed, before each call (``new_us``: compiled in the call,
-what deciding a plan met for the first time costs); each side also with the footprint step alone (representatives
-built fresh, outside the timing, before every call). Results are checked to be
-identical. The two sides take turns, call after call, so that load on the
+parsed plan (``ours_us``; nothing is kept between calls), and each side with
+the footprint step alone (representatives built fresh, outside the timing,
+before every call). Results are checked to be identical. The two sides take turns, call after call, so that load on the
 machine weighs on both alike. Plans: ``bench_estimate.py``'s grid (1 to 64 args, 1 to 4 features),
 plans whose every tensor uses every axis ("dense"), and torch_npu's own test
 plan. Times are medians in microseconds.
@@ -28,7 +24,6 @@ minute on each).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import platform
 import statistics
@@ -174,10 +169,9 @@ def main() -> int:
         if (n_buckets + 1) ** n_features <= limit:
             cases.append((f"dense {n_args} args {n_features}x{n_buckets}", dense_plan(n_args, n_features, n_buckets)))
 
-    print(f"{'plan':<26} {'groups':>6} {'npu_us':>12} {'ours_us':>10} {'ratio':>7} {'new_us':>10} {'ratio':>7} "
+    print(f"{'plan':<26} {'groups':>6} {'npu_us':>12} {'ours_us':>10} {'ratio':>7} "
           f"{'npu_fp_us':>12} {'ours_fp_us':>10} {'fp_ratio':>8}  same")
     worst: tuple[float, str] | None = None
-    worst_new: tuple[float, str] | None = None
     all_same = True
     for name, plan in cases:
         p = plan.to_payload()
@@ -200,29 +194,19 @@ def main() -> int:
         def our_both(_: None) -> Footprint:
             return our_fp(our_reps())
 
-        def new_object(plan: KernelPlan = plan) -> KernelPlan:
-            return dataclasses.replace(plan)  # an equal plan object: nothing compiled for it yet
-
-        def our_new(fresh: KernelPlan) -> Footprint:
-            return estimate_footprint(fresh, build_representatives(fresh))
-
-        (up_all, up_result), (our_all, our_result), (new_all, new_result) = interleaved_us(
-            [(up_both, nothing), (our_both, nothing), (our_new, new_object)], opts.reps)
+        (up_all, up_result), (our_all, our_result) = interleaved_us(
+            [(up_both, nothing), (our_both, nothing)], opts.reps)
         (up_only, _), (our_only, _) = interleaved_us([(up_fp, up_reps), (our_fp, our_reps)], opts.reps)
-        ok = same(our_result, up_result) and same(new_result, up_result)
+        ok = same(our_result, up_result)
         all_same &= ok
         groups = len(build_representatives(plan).groups)
         ratio = up_all / our_all
         worst = min(worst, (ratio, name)) if worst else (ratio, name)
-        worst_new = min(worst_new, (up_all / new_all, name)) if worst_new else (up_all / new_all, name)
         print(f"{name:<26} {groups:>6} {up_all:>12.1f} {our_all:>10.1f} {ratio:>6.1f}x "
-              f"{new_all:>10.1f} {up_all / new_all:>6.1f}x "
               f"{up_only:>12.1f} {our_only:>10.1f} {up_only / our_only:>7.1f}x  {'yes' if ok else 'NO'}", flush=True)
-    assert worst is not None and worst_new is not None
+    assert worst is not None
     print(f"ratio = torch_npu time / prescreen time, representatives + footprint (fp: the footprint step alone); "
-          f"ours_us: the same plan object again (its compiled form kept on it), new_us: an equal plan object "
-          f"built anew for each call (compiled in the call); lowest {worst[0]:.1f}x ({worst[1]}), "
-          f"new object {worst_new[0]:.1f}x ({worst_new[1]}); results identical on every plan: {all_same}; "
+          f"lowest {worst[0]:.1f}x ({worst[1]}); results identical on every plan: {all_same}; "
           f"total {time.perf_counter() - began:.1f} s")
     return 0 if all_same else 1
 

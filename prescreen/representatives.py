@@ -11,11 +11,10 @@ only reaches the one bucket holding it; the other groups are unreachable.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Union, overload
+from typing import overload
 
 from prescreen.errors import NotBounded, Reason
 from prescreen.plan import GroupFeature, KernelPlan, canonical_json
@@ -53,12 +52,13 @@ class GroupGrid(Sequence[Group]):
     when they are asked for; the footprint estimator reads the grid itself.
     """
 
-    __slots__ = ("_features", "axis_names", "base_values", "shape", "_len", "_groups", "_ids", "program", "picks")
+    __slots__ = ("features", "axis_names", "base_values", "shape", "_len", "_groups", "_ids")
 
     def __init__(
         self, features: tuple[FeatureChoices, ...], axis_names: tuple[str, ...], base_values: Mapping[str, int]
     ) -> None:
-        self._features: tuple[FeatureChoices, ...] | None = features
+        #: Each feature's reachable buckets (ascending) and what each one sets.
+        self.features = features
         self.axis_names = axis_names
         self.base_values = base_values if isinstance(base_values, dict) else dict(base_values)
         #: numpy shape of the grid: the last feature first (its choice varies slowest).
@@ -66,22 +66,6 @@ class GroupGrid(Sequence[Group]):
         self._len = math.prod(self.shape)
         self._groups: tuple[Group, ...] | None = None
         self._ids: tuple[int, ...] | None = None
-        #: Set by ``build_representatives``'s compiled path (``_compiled``): the ``RepsProgram`` that built
-        #: this grid and, per feature, what it picked: the values of the axis it varies (a single-axis
-        #: feature: its representatives; a product: the solved symbolic axis), or the one reachable bucket
-        #: of a product of static axes. ``features`` is then built from them when first asked for.
-        self.program: RepsProgram | None = None
-        self.picks: tuple[tuple[int, ...] | int, ...] = ()
-
-    @property
-    def features(self) -> tuple[FeatureChoices, ...]:
-        """Each feature's reachable buckets (ascending) and what each one sets."""
-        if self._features is None:
-            assert self.program is not None
-            self._features = tuple(
-                _choices(spec, pick) for spec, pick in zip(self.program.features, self.picks)
-            )
-        return self._features
 
     def __len__(self) -> int:
         return self._len
@@ -128,9 +112,6 @@ class GroupGrid(Sequence[Group]):
     def group_ids(self) -> tuple[int, ...]:
         """Ids of the reachable groups, ascending."""
         if self._ids is None:
-            if self.program is not None and self._len == self.program.group_count:
-                self._ids = tuple(range(self._len))  # every group reachable: the ids are 0..count-1
-                return self._ids
             ids = [0]
             radix = 1
             for feature in self.features:
@@ -318,178 +299,6 @@ def _per_group(plan: KernelPlan, statics: dict[str, int]) -> Representatives:
     return Representatives(count, tuple(groups), tuple(unreachable))
 
 
-# --- The compiled path --------------------------------------------------------------------------
-#
-# What a feature's representatives depend on besides its bucket bounds (its kind,
-# its axes, the static factor of a product, the checks that would fail) is worked
-# out once per plan object and kept on it (``KernelPlan.cache``); each call then
-# computes every bucket's representative from the bounds. Features the compiled
-# path does not cover (one that raises) leave the plan to the general path below.
-
-_SINGLE, _PRODUCT, _STATIC = 0, 1, 2
-SINGLE = _SINGLE  # a feature of one axis (or none): its column is its representatives, the buckets' bounds
-STATIC = _STATIC  # a product of static axes only: it reaches one bucket and varies no axis
-
-#: A compiled feature: (kind, buckets, axis names, the axis it varies or None, static factor, static axis values).
-FeatureSpec = tuple[int, tuple[int, ...], tuple[str, ...], Union[str, None], int, tuple[tuple[str, int], ...]]
-
-
-class RepsProgram:
-    """A plan's features, compiled: per feature ``(kind, buckets, axis names, axis, factor, statics)``."""
-
-    __slots__ = ("features", "axis_names", "base_values", "varying_axes", "group_count", "footprint", "shape",
-                 "reachable_count", "bounds")
-
-    def __init__(
-        self,
-        features: tuple[FeatureSpec, ...],
-        axis_names: tuple[str, ...],
-        base_values: dict[str, int],
-    ) -> None:
-        self.features = features
-        self.axis_names = axis_names
-        self.base_values = base_values
-        #: per feature, the axis whose value varies with its bucket (None: it varies none)
-        self.varying_axes = tuple(f[3] if f[0] != _STATIC else None for f in features)
-        self.group_count = math.prod(len(f[1]) + 1 for f in features)
-        #: the grid's numpy shape (a product of static axes reaches one bucket) and its number of groups
-        self.shape = tuple(1 if f[0] == _STATIC else len(f[1]) + 1 for f in reversed(features))
-        self.reachable_count = math.prod(self.shape)
-        #: the estimator's compiled form of the same plan object's arguments (``prescreen.footprint``)
-        self.footprint: object = None
-        #: one feature whose representatives are its buckets' bounds (a single axis, or a product of factor 1
-        #: over buckets from 1 up) and the last one's factor: its buckets, and 2 (their open bucket's value
-        #: is twice their last bound); None otherwise
-        self.bounds: tuple[int, ...] | None = None
-        if len(features) == 1:
-            kind, buckets, _, _, factor, _ = features[0]
-            if kind == _SINGLE or kind == _PRODUCT and factor == 1 and buckets[0] > 0:
-                self.bounds = buckets  # (a product's: max(last + 1, 2 * last) is 2 * last for last >= 1)
-
-
-_NO_PROGRAM = RepsProgram((), (), {})  # marks a plan the compiled path does not cover
-
-
-def _compile_reps(plan: KernelPlan) -> RepsProgram:
-    seen: set[str] = set()
-    for feature in plan.group_features:
-        for axis in feature.axis_names:
-            if axis in seen:
-                return _NO_PROGRAM  # the general path raises
-            seen.add(axis)
-    statics = dict(plan.axis_static_values)
-    compiled: list[FeatureSpec] = []
-    for feature in plan.group_features:
-        buckets = tuple(int(b) for b in feature.buckets)
-        names = feature.axis_names
-        if not buckets or any(later <= earlier for earlier, later in zip(buckets, buckets[1:])):
-            return _NO_PROGRAM
-        if not names or feature.source in ("primary_axis", "axis"):
-            if len(names) > 1:
-                return _NO_PROGRAM
-            compiled.append((_SINGLE, buckets, names, names[0] if names else None, 1, ()))
-            continue
-        factor = 1
-        symbolic = [a for a in names if a not in statics]
-        for axis in names:
-            if axis in statics:
-                if statics[axis] <= 0:
-                    return _NO_PROGRAM
-                factor *= statics[axis]
-        if len(symbolic) > 1:
-            return _NO_PROGRAM
-        pairs = tuple((a, statics[a]) for a in names if a in statics)
-        if symbolic:
-            compiled.append((_PRODUCT, buckets, names, symbolic[0], factor, pairs))
-        else:
-            compiled.append((_STATIC, buckets, names, None, factor, pairs))
-    base = {a: int(statics.get(a, 1)) for a in plan.axis_names}
-    return RepsProgram(tuple(compiled), plan.axis_names, base)
-
-
-def reps_program(plan: KernelPlan) -> RepsProgram | None:
-    """The compiled form of ``plan``'s features (made once per plan object), or None where it does not apply."""
-    cache = plan.cache
-    program = cache.representatives
-    if program is None:
-        program = cache.representatives = _compile_reps(plan)
-    assert isinstance(program, RepsProgram)
-    return None if program is _NO_PROGRAM else program
-
-
-_new = object.__new__
-class _RepsBuilder:
-    """``Representatives``' twin (same slots, in the same order, not frozen): built as one, then given the frozen
-    class, it costs a third of the frozen dataclass's setters one by one."""
-
-    __slots__ = ("group_count", "groups", "unreachable_group_ids")
-    group_count: int
-    groups: GroupGrid
-    unreachable_group_ids: tuple[int, ...]
-
-
-assert _RepsBuilder.__slots__ == Representatives.__slots__
-
-
-def _representatives(count: int, groups: GroupGrid, unreachable: tuple[int, ...]) -> Representatives:
-    """``Representatives(count, groups, unreachable)`` without the frozen dataclass's per-field guard."""
-    out = _RepsBuilder()
-    out.group_count = count
-    out.groups = groups
-    out.unreachable_group_ids = unreachable
-    out.__class__ = Representatives  # type: ignore[assignment]
-    return out  # type: ignore[return-value]
-
-
-def _choices(
-    spec: FeatureSpec,
-    pick: tuple[int, ...] | int,
-) -> FeatureChoices:
-    """One feature's ``FeatureChoices`` from what the compiled path picked for it."""
-    kind, buckets, names, axis, factor, pairs = spec
-    radix = len(buckets) + 1
-    if isinstance(pick, int):  # _STATIC: the one reachable bucket
-        return FeatureChoices(radix, (pick,), (factor,), (pairs,))
-    axes: tuple[tuple[tuple[str, int], ...], ...]
-    if kind == _SINGLE:
-        axes = tuple([((axis, v),) for v in pick]) if axis is not None else ((),) * radix
-        return FeatureChoices(radix, tuple(range(radix)), pick, axes)
-    statics = dict(pairs)
-    axes = tuple([tuple([(a, v if a == axis else statics[a]) for a in names]) for v in pick])
-    return FeatureChoices(radix, tuple(range(radix)), tuple([v * factor for v in pick]), axes)
-
-
-def _compiled(program: RepsProgram) -> Representatives:
-    """The representatives of every bucket of every feature, as a grid (see ``GroupGrid.picks``)."""
-    grid = _new(GroupGrid)
-    bounds = program.bounds
-    if bounds is not None:  # one feature: a closed bucket is represented by its upper bound, the open one by
-        grid.picks = ((*bounds, 2 * bounds[-1]),)  # 2 x its lower (a product of factor 1 solves to the same)
-    else:
-        picks: list[tuple[int, ...] | int] = []
-        for kind, buckets, _names, _axis, factor, _pairs in program.features:
-            last = buckets[-1]
-            if kind == _SINGLE:  # a closed bucket: its upper bound; the open one: 2 x its lower
-                picks.append((*buckets, 2 * last))
-            elif kind == _PRODUCT:  # the symbolic axis solved for (rounded up), at least 1
-                picks.append((*[max(1, -(-upper // factor)) for upper in buckets],
-                              max(1, -(-max(last + 1, 2 * last) // factor))))
-            else:  # a product of static axes reaches the one bucket holding it
-                picks.append(bisect.bisect_left(buckets, factor))
-        grid.picks = tuple(picks)
-    grid._features = grid._groups = grid._ids = None
-    grid.axis_names = program.axis_names
-    grid.base_values = program.base_values
-    grid.shape = program.shape
-    grid._len = n = program.reachable_count
-    grid.program = program
-    count = program.group_count
-    if n == count:
-        return _representatives(count, grid, ())
-    reachable = set(grid.group_ids())
-    return _representatives(count, grid, tuple([i for i in range(count) if i not in reachable]))
-
-
 def build_representatives(plan: KernelPlan) -> Representatives:
     """Enumerate every group of ``plan`` and pick each reachable one's representative.
 
@@ -497,17 +306,8 @@ def build_representatives(plan: KernelPlan) -> Representatives:
     computed once per bucket and the reachable groups are the product of the
     features' reachable buckets (a ``GroupGrid``). Where some bucket cannot be
     represented, the plain per-group loop runs instead, so the error raised is
-    the one that loop meets first. The per-plan part of this is compiled once per
-    plan object (``reps_program``).
+    the one that loop meets first.
     """
-    program = reps_program(plan)
-    if program is not None:
-        return _compiled(program)
-    return _general(plan)
-
-
-def _general(plan: KernelPlan) -> Representatives:
-    """``build_representatives`` without the compiled path (plans it does not cover, and its tests)."""
     features = plan.group_features
     seen: set[str] = set()
     for feature in features:

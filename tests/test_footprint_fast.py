@@ -1,4 +1,4 @@
-"""The vectorized estimator against the plain loop it replaces (``reference_footprint``).
+"""The numpy path of ``estimate_footprint`` against the plain loop it must equal (``reference_footprint``).
 
 Plans are drawn directly as ``KernelPlan`` objects, wider than the payload
 strategies: expressions that fail only in some groups (a floordiv by
@@ -11,6 +11,8 @@ groups given as a plain tuple instead of a grid.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from unittest import mock
 
 import pytest
@@ -111,121 +113,145 @@ def outcome(fn: object, plan: KernelPlan, reps: Representatives) -> Footprint | 
         return (exc.reason.value, str(exc))
 
 
-@pytest.mark.parametrize("small_grid", [10**9, 0], ids=["lists", "numpy"])
-def test_matches_the_plain_loop(small_grid: int) -> None:
-    """Each drawn plan through the list path and through the numpy path (forced by the size threshold)."""
-
-    @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-    @given(plans())
-    def check(plan: KernelPlan) -> None:
-        try:
-            reps = build_representatives(plan)
-        except NotBounded:
-            event("representatives fail")
-            return
-        expected = outcome(reference_footprint, plan, reps)
-        event("fails closed" if isinstance(expected, tuple) else "bounded")
-        if not isinstance(expected, tuple) and expected.total_bytes >= 2**63:
-            event("beyond int64")
-        assert outcome(estimate_footprint, plan, reps) == expected
-        as_tuple = Representatives(reps.group_count, tuple(reps.groups), reps.unreachable_group_ids)
-        assert outcome(estimate_footprint, plan, as_tuple) == expected
-
-    with mock.patch.object(footprint, "_SMALL_GRID", small_grid):
-        check()
+@contextlib.contextmanager
+def numpy_path() -> Iterator[None]:
+    """``estimate_footprint`` with the loop's limit at 0: every plan with an argument takes numpy."""
+    with mock.patch.object(footprint, "LOOP_MAX", 0):
+        yield
 
 
-@pytest.mark.parametrize("n_buckets", [3, 40])  # 4 groups take the list path, 41 x 41 the numpy path
-def test_both_paths_on_two_features(n_buckets: int) -> None:
-    buckets = tuple(range(1, n_buckets + 1))
+def numpy_outcome(plan: KernelPlan, reps: Representatives) -> Footprint | tuple[str, str]:
+    with numpy_path():
+        return outcome(estimate_footprint, plan, reps)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plans())
+def test_numpy_equals_the_reference_loop(plan: KernelPlan) -> None:
+    """Every result (first error, dominant argument and ties included), on a grid and on a plain tuple of groups."""
+    try:
+        reps = build_representatives(plan)
+    except NotBounded:
+        event("representatives fail")
+        return
+    expected = outcome(reference_footprint, plan, reps)
+    event("fails closed" if isinstance(expected, tuple) else "bounded")
+    if not isinstance(expected, tuple) and expected.total_bytes >= 2**63:
+        event("beyond int64")
+    assert numpy_outcome(plan, reps) == expected
+    as_tuple = Representatives(reps.group_count, tuple(reps.groups), reps.unreachable_group_ids)
+    assert numpy_outcome(plan, as_tuple) == expected
+
+
+def one_axis_plan(
+    *args: TensorArg | WorkspaceArg, buckets: tuple[int, ...] = (1, 2, 3, 4, 5, 6), mutated: tuple[str, ...] = ()
+) -> tuple[KernelPlan, Representatives]:
+    plan = KernelPlan((GroupFeature("a", "axis", ("x0",), buckets),), ("x0",), (), args, mutated)
+    return plan, build_representatives(plan)
+
+
+X0 = Axis("x0")
+
+
+def int8(name: str, size: tuple[Expr, ...], stride: tuple[Expr, ...], dtype: str = "torch.int8") -> TensorArg:
+    return TensorArg(name, "buffer", size, stride, dtype, "npu:0")
+
+
+def tie_cases() -> list[tuple[TensorArg | WorkspaceArg, ...]]:
+    """Buffers of one shape with different item sizes, ties across shapes, and every argument at 0 bytes."""
+    out = []
+    for size in (Const(0), X0):
+        one = int8("a", (size, Const(2)), (Const(2), Const(1)))
+        other = int8("b", (Mul((size, Const(2))),), (Const(1),), "torch.int16")
+        same_as_one = int8("c", one.size, one.stride, "torch.int16")
+        ws = WorkspaceArg("w", Mul((size, Const(4))), "torch.int8", "npu:0", "NONE")
+        out += [(one, other, same_as_one), (other, one, same_as_one, ws), (ws, same_as_one, one, other)]
+    return out
+
+
+CASES = {
+    **{f"ties {i}": (args, (2, 4)) for i, args in enumerate(tie_cases())},
+    **{f"size negative in some groups {s}": ((int8("t", (Add((X0, Const(s))), X0), (X0, Const(1))),), (2, 4, 8))
+       for s in (-1, -4, -9)},
+    **{f"buckets below 0 {b} {a.name}": ((a,), b) for b in ((-3, 2, 5), (0, 4), (-1,)) for a in (
+        int8("t", (X0,), (Const(1),)), int8("u", (Const(2),), (X0,)), int8("v", (X0, Const(3)), (X0, Const(1))),
+        WorkspaceArg("w", Mul((X0, Const(2))), "torch.int8", "npu:0", "NONE"))},
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_numpy_equals_the_reference_loop_on_chosen_plans(case: str) -> None:
+    args, buckets = CASES[case]
+    plan, reps = one_axis_plan(*args, buckets=buckets, mutated=("a",))
+    assert numpy_outcome(plan, reps) == outcome(reference_footprint, plan, reps)
+
+
+def test_an_axis_a_feature_sets_but_the_plan_does_not_name_is_missing_in_every_group() -> None:
+    plan = KernelPlan((GroupFeature("f", "axis", ("x9",), (1, 4)),), ("x0",), (),
+                      (int8("t", (Axis("x9"),), (Const(1),), "torch.float16"),))
+    reps = build_representatives(plan)
+    assert numpy_outcome(plan, reps) == outcome(estimate_footprint, plan, reps) == (
+        "missing_axis", "missing_axis: axis 'x9' has no value in this group")
+
+
+def test_the_earliest_failing_group_wins_not_the_first_failing_arg() -> None:
+    late = Add((X0, Const(-3)))  # zero at x0 == 3: a division by zero in group 2
+    early = int8("early", (Add((X0, Const(-2))),), (Const(1),))  # negative at x0 == 1
+    plan, reps = one_axis_plan(int8("late", (FloorDiv(Const(1), Mul((late, late))),), (Const(1),)), early)
+    for path in (contextlib.nullcontext(), numpy_path()):
+        with path, pytest.raises(NotBounded) as info:
+            estimate_footprint(plan, reps)
+        assert info.value.reason is Reason.NEGATIVE_SIZE
+
+
+def test_a_division_by_zero_in_one_bucket_of_the_second_feature() -> None:
+    buckets = tuple(range(1, 41))
     x0, x1 = Axis("x0"), Axis("x1")
     shift = Add((x1, Const(-2)))
-    plan = KernelPlan(
-        (GroupFeature("a", "axis", ("x0",), buckets), GroupFeature("b", "axis", ("x1",), buckets)),
-        ("x0", "x1"),
-        (),
-        (
-            TensorArg("t", "buffer", (x0, x1), (x1, Const(1)), "torch.float32", "npu:0"),
-            WorkspaceArg("w", Mul((x1, Const(3))), "torch.int8", "npu:0", "NONE"),
-            TensorArg("u", "buffer", (FloorDiv(x0, Mul((shift, shift))),), (Const(1),), "torch.int64", "npu:0"),
-        ),
-        ("w",),
+    args = (
+        TensorArg("t", "buffer", (x0, x1), (x1, Const(1)), "torch.float32", "npu:0"),
+        WorkspaceArg("w", Mul((x1, Const(3))), "torch.int8", "npu:0", "NONE"),
+        TensorArg("u", "buffer", (FloorDiv(x0, Mul((shift, shift))),), (Const(1),), "torch.int64", "npu:0"),
     )
+    features = (GroupFeature("a", "axis", ("x0",), buckets), GroupFeature("b", "axis", ("x1",), buckets))
+    plan = KernelPlan(features, ("x0", "x1"), (), args, ("w",))
     reps = build_representatives(plan)
-    assert isinstance(reps.groups, GroupGrid)
-    with pytest.raises(NotBounded) as info:  # x1 == 2 only in feature b's bucket 1
-        estimate_footprint(plan, reps)
-    with pytest.raises(NotBounded) as ref:
-        reference_footprint(plan, reps)
-    assert info.value.reason is Reason.DIVISION_BY_ZERO
-    assert str(info.value) == str(ref.value)
-    ok = KernelPlan(plan.group_features, plan.axis_names, (), plan.args[:2], ("w",))
+    assert isinstance(reps.groups, GroupGrid) and len(reps.groups) * 3 > footprint.LOOP_MAX  # numpy's
+    got = outcome(estimate_footprint, plan, reps)
+    assert got == outcome(reference_footprint, plan, reps)  # x1 == 2 only in feature b's bucket 1
+    assert got[0] == Reason.DIVISION_BY_ZERO.value
+    ok = KernelPlan(features, ("x0", "x1"), (), args[:2], ("w",))
     assert estimate_footprint(ok, reps) == reference_footprint(ok, reps)
 
 
 @pytest.mark.parametrize("n_buckets", [2, 300])
 def test_bytes_beyond_int64_stay_exact(n_buckets: int) -> None:
-    x0 = Axis("x0")
-    buckets = (*range(1, n_buckets), 2**62)
-    plan = KernelPlan(
-        (GroupFeature("a", "axis", ("x0",), buckets),),
-        ("x0",),
-        (),
-        (TensorArg("t", "buffer", (x0, x0), (x0, Const(1)), "torch.complex128", "npu:0"),),
-    )
-    reps = build_representatives(plan)
-    fp = estimate_footprint(plan, reps)
+    plan, reps = one_axis_plan(int8("t", (X0, X0), (X0, Const(1)), "torch.complex128"),
+                               buckets=(*range(1, n_buckets), 2**62))
+    with numpy_path():
+        fp = estimate_footprint(plan, reps)
     assert fp == reference_footprint(plan, reps)
     assert fp.dominant_arg is not None and fp.dominant_arg.num_bytes == (1 + (2**63 - 1) * 2**63 + 2**63 - 1) * 16
 
 
-PATHS = pytest.mark.parametrize("small_grid", [10**9, 0], ids=["lists", "numpy"])
-
-
-def one_axis_plan(*args: TensorArg | WorkspaceArg, n: int = 6) -> tuple[KernelPlan, Representatives]:
-    plan = KernelPlan((GroupFeature("a", "axis", ("x0",), tuple(range(1, n + 1))),), ("x0",), (), args)
-    return plan, build_representatives(plan)
-
-
-@PATHS
-def test_the_earliest_failing_group_wins_not_the_first_failing_arg(small_grid: int) -> None:
-    x0 = Axis("x0")
-    late = Add((x0, Const(-3)))  # zero at x0 == 3: a division by zero in group 2
-    early = TensorArg("early", "buffer", (Add((x0, Const(-2))),), (Const(1),), "torch.int8", "npu:0")  # x0 == 1
-    plan, reps = one_axis_plan(
-        TensorArg("late", "buffer", (FloorDiv(Const(1), Mul((late, late))),), (Const(1),), "torch.int8", "npu:0"), early
-    )
-    with mock.patch.object(footprint, "_SMALL_GRID", small_grid), pytest.raises(NotBounded) as info:
-        estimate_footprint(plan, reps)
-    assert info.value.reason is Reason.NEGATIVE_SIZE
-
-
-@PATHS
-def test_a_size_that_is_zero_in_some_groups_gives_zero_bytes_there(small_grid: int) -> None:
-    x0 = Axis("x0")
-    shift = Add((x0, Const(-2)))
-    plan, reps = one_axis_plan(
-        TensorArg("t", "buffer", (Mul((shift, shift)), x0), (Const(5), Const(3)), "torch.int8", "npu:0"), n=4
-    )
-    with mock.patch.object(footprint, "_SMALL_GRID", small_grid):
+def test_a_size_that_is_zero_in_some_groups_gives_zero_bytes_there() -> None:
+    shift = Add((X0, Const(-2)))
+    plan, reps = one_axis_plan(int8("t", (Mul((shift, shift)), X0), (Const(5), Const(3))), buckets=(1, 2, 3, 4))
+    with numpy_path():
         fp = estimate_footprint(plan, reps)
     assert fp == reference_footprint(plan, reps)
     assert fp.group_bytes[1] == (1, 0)  # x0 == 2
 
 
-@pytest.mark.parametrize("small_grid", [10**9, 0], ids=["lists", "numpy"])
 @pytest.mark.parametrize("top", [64, 2**62], ids=["int64", "exact"])
-def test_every_number_is_a_python_int(small_grid: int, top: int) -> None:
+def test_every_number_is_a_python_int(top: int) -> None:
     """Stored decisions are JSON and their validation wants ``int``: no numpy scalar may leak out."""
-    x0 = Axis("x0")
     plan, reps = one_axis_plan(
-        TensorArg("t", "buffer", (x0, FloorDiv(x0, Const(2))), (Const(3), Const(1)), "torch.float16", "npu:0"),
-        WorkspaceArg("w", x0, "torch.int32", "npu:0", "NONE"),
-        n=3,
+        TensorArg("t", "buffer", (X0, FloorDiv(X0, Const(2))), (Const(3), Const(1)), "torch.float16", "npu:0"),
+        WorkspaceArg("w", X0, "torch.int32", "npu:0", "NONE"),
+        buckets=(1, 2, top), mutated=("w",),
     )
-    plan = KernelPlan((GroupFeature("a", "axis", ("x0",), (1, 2, top)),), ("x0",), (), plan.args, ("w",))
-    reps = build_representatives(plan)
-    with mock.patch.object(footprint, "_SMALL_GRID", small_grid):
+    with numpy_path():
         fp = estimate_footprint(plan, reps)
     assert fp == reference_footprint(plan, reps)
     numbers = [fp.synthetic_bytes, fp.mutated_clone_bytes, fp.total_bytes, fp.largest_group_id]
@@ -235,21 +261,19 @@ def test_every_number_is_a_python_int(small_grid: int, top: int) -> None:
     assert all(type(n) is int for n in numbers), [type(n) for n in numbers]
 
 
-@PATHS
-def test_arguments_sharing_expressions_keep_their_own_dtype_name_and_mutation(small_grid: int) -> None:
+def test_arguments_sharing_expressions_keep_their_own_dtype_name_and_mutation() -> None:
     """Buffers of one shape are evaluated once; each still counts with its own item size, name and mutation."""
-    x0, x1 = Axis("x0"), Axis("x1")
+    x1 = Axis("x1")
 
     def buf(name: str, dtype: str) -> TensorArg:
-        return TensorArg(name, "buffer", (x0, x1), (x1, Const(1)), dtype, "npu:0")
+        return TensorArg(name, "buffer", (X0, x1), (x1, Const(1)), dtype, "npu:0")
 
     args = (buf("a", "torch.int8"), buf("b", "torch.float64"), buf("c", "torch.int8"), buf("d", "torch.float64"),
-            WorkspaceArg("w", x0, "torch.int16", "npu:0", "NONE"), WorkspaceArg("v", x0, "torch.int32", "npu:0", "NONE"))
+            WorkspaceArg("w", X0, "torch.int16", "npu:0", "NONE"), WorkspaceArg("v", X0, "torch.int32", "npu:0", "NONE"))
     features = (GroupFeature("a", "axis", ("x0",), (2, 4, 8)), GroupFeature("b", "axis", ("x1",), tuple(range(1, 80))))
     plan = KernelPlan(features, ("x0", "x1"), (), args, ("a", "c", "w"))
     reps = build_representatives(plan)
-    with mock.patch.object(footprint, "_SMALL_GRID", small_grid):
-        fp = estimate_footprint(plan, reps)
+    fp = estimate_footprint(plan, reps)  # 320 groups x 6 arguments: numpy's
     assert fp == reference_footprint(plan, reps)
     assert fp.dominant_arg is not None and fp.dominant_arg.name == "b"
     x0_top, x1_top = 16, 158

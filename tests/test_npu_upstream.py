@@ -348,8 +348,8 @@ def test_config_ratio_default() -> None:
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=plan_cases(fail_closed=True))
 def test_numpy_path_matches_upstream(upstream: ModuleType, case: PlanCase) -> None:
-    """Drawn plans are small, so they take the list path above; here the numpy path is forced on them."""
-    with mock.patch.object(footprint, "_SMALL_GRID", 0):
+    """Drawn plans are small, so they take the plain loop above; here the numpy path is forced on them."""
+    with mock.patch.object(footprint, "LOOP_MAX", 0):
         mine = ours(case.payload)
     other = theirs(upstream, case.payload)
     if isinstance(mine, NotBounded) or isinstance(other, Exception):
