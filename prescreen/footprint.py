@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Union
 from prescreen.errors import NotBounded, Reason
 from prescreen.expr import Add, Axis, Const, Expr, FloorDiv, Mul, evaluate
 from prescreen.plan import KernelPlan, SizeArg, TensorArg, WorkspaceArg
-from prescreen.representatives import Group, GroupGrid, Representatives
+from prescreen.representatives import GroupGrid, Representatives
 
 if TYPE_CHECKING:  # numpy loads with the first large plan: reading a store never pays for it
     import numpy as np
@@ -141,7 +141,7 @@ def reference_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
     """The plain loop, group by group and argument by argument (torch_npu's algorithm).
 
     ``estimate_footprint`` gives exactly this result (or raises exactly this
-    error) faster; this one is kept as its specification, for tests, and for
+    error); this loop is its specification, and runs itself on small plans and on
     representatives whose groups are not a grid.
     """
     mutated = set(plan.mutated_arg_names)
@@ -216,19 +216,6 @@ def _grid_layout(grid: GroupGrid) -> _Layout:
         else:
             columns[name] = (ndim - 1 - feature, values)
     return _Layout(grid.shape, columns, grid.group_ids(), lambda i: dict(grid.group_at(i).axis_values))
-
-
-def _generic_layout(groups: Sequence[Group]) -> _Layout | None:
-    """One grid dimension over the groups themselves; None when groups name different axes."""
-    envs = [dict(g.axis_values) for g in groups]
-    names = set(envs[0])
-    if any(set(env) != names for env in envs):
-        return None
-    columns: dict[str, tuple[int | None, tuple[int, ...]]] = {}
-    for name in names:
-        values = tuple(int(env[name]) for env in envs)
-        columns[name] = (None, values[:1]) if len(set(values)) == 1 else (0, values)
-    return _Layout((len(groups),), columns, [g.group_id for g in groups], lambda i: envs[i])
 
 
 class _Evaluator:
@@ -478,11 +465,9 @@ def estimate_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
     """
     groups = reps.groups
     args = _benchmark_args(plan)
-    if len(groups) * len(args) <= LOOP_MAX:
+    if len(groups) * len(args) <= LOOP_MAX or not isinstance(groups, GroupGrid):
         return reference_footprint(plan, reps)
-    layout = _grid_layout(groups) if isinstance(groups, GroupGrid) else _generic_layout(groups)
-    if layout is None:
-        return reference_footprint(plan, reps)
+    layout = _grid_layout(groups)
     try:
         return _vectorized(plan, args, layout, exact=False)
     except _Overflow:

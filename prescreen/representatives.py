@@ -271,42 +271,16 @@ def _feature_representative(
     return solved * static_factor, values
 
 
-def _per_group(plan: KernelPlan, statics: dict[str, int]) -> Representatives:
-    """Every group in id order, each feature's representative in feature order (the plain loop)."""
-    features = plan.group_features
-    count = math.prod(len(f.buckets) + 1 for f in features)
-    groups: list[Group] = []
-    unreachable: list[int] = []
-    for group_id in range(count):
-        indices = decode_bucket_indices(group_id, features)
-        values: list[int] = []
-        axes: dict[str, int] = {}
-        reachable = True
-        for feature, idx in zip(features, indices):
-            rep = _feature_representative(feature, idx, statics)
-            if rep is None:
-                reachable = False
-                break
-            values.append(rep[0])
-            axes.update(rep[1])
-        if not reachable:
-            unreachable.append(group_id)
-            continue
-        axis_values = tuple((a, int(axes.get(a, statics.get(a, 1)))) for a in plan.axis_names)
-        groups.append(Group(group_id, indices, tuple(values), axis_values))
-    if not groups:
-        raise NotBounded(Reason.UNSUPPORTED_GROUPING, "grouped plan has no reachable groups")
-    return Representatives(count, tuple(groups), tuple(unreachable))
-
-
 def build_representatives(plan: KernelPlan) -> Representatives:
     """Enumerate every group of ``plan`` and pick each reachable one's representative.
 
     Each feature's representative depends only on its own bucket, so it is
     computed once per bucket and the reachable groups are the product of the
-    features' reachable buckets (a ``GroupGrid``). Where some bucket cannot be
-    represented, the plain per-group loop runs instead, so the error raised is
-    the one that loop meets first.
+    features' reachable buckets (a ``GroupGrid``). The error raised is the one
+    a plain loop over groups in id order (features in order) meets first: a
+    feature that cannot be represented fails in every bucket alike, and every
+    feature reaches some bucket (together they cover every positive size), so
+    that loop first meets the first such feature.
     """
     features = plan.group_features
     seen: set[str] = set()
@@ -325,18 +299,15 @@ def build_representatives(plan: KernelPlan) -> Representatives:
         values: list[int] = []
         axes: list[tuple[tuple[str, int], ...]] = []
         for idx in range(radix):
-            try:
-                rep = _feature_representative(feature, idx, statics)
-            except NotBounded:
-                return _per_group(plan, statics)
+            rep = _feature_representative(feature, idx, statics)
             if rep is not None:
                 indices.append(idx)
                 values.append(rep[0])
                 axes.append(rep[1])
+        if not indices:  # never for a valid feature; an empty grid must not read as 0 bytes
+            raise NotBounded(Reason.UNSUPPORTED_GROUPING, "grouped plan has no reachable groups")
         choices.append(FeatureChoices(radix, tuple(indices), tuple(values), tuple(axes)))
     grid = GroupGrid(tuple(choices), plan.axis_names, {a: int(statics.get(a, 1)) for a in plan.axis_names})
-    if len(grid) == 0:
-        raise NotBounded(Reason.UNSUPPORTED_GROUPING, "grouped plan has no reachable groups")
     unreachable: tuple[int, ...] = ()
     if len(grid) != count:
         reachable = set(grid.group_ids())

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prescreen import representatives
 from prescreen.errors import NotBounded, Reason
 from prescreen.plan import GroupFeature, KernelPlan
 from prescreen.representatives import (
+    Group,
+    _feature_representative,
     bucketize,
     build_representatives,
     decode_bucket_indices,
@@ -186,3 +191,75 @@ def test_payload_and_family_json() -> None:
     }
     assert reps.family_json() == build_representatives(p).family_json()
     assert reps.family_json().startswith('{"group_count":3,')
+
+
+def per_group(p: KernelPlan) -> object:
+    """The plain loop: every group in id order, each feature's representative in feature order."""
+    statics = dict(p.axis_static_values)
+    count = 1
+    for f in p.group_features:
+        count *= len(f.buckets) + 1
+    groups, unreachable = [], []
+    seen: set[str] = set()
+    try:
+        for a in (a for f in p.group_features for a in f.axis_names):
+            if a in seen:
+                raise NotBounded(Reason.UNSUPPORTED_GROUPING, f"axis {a!r} appears in several group features")
+            seen.add(a)
+        for group_id in range(count):
+            indices = decode_bucket_indices(group_id, p.group_features)
+            values, axes = [], {}
+            for f, idx in zip(p.group_features, indices):
+                found = _feature_representative(f, idx, statics)
+                if found is None:
+                    unreachable.append(group_id)
+                    break
+                values.append(found[0])
+                axes.update(found[1])
+            else:
+                axis_values = tuple((a, int(axes.get(a, statics.get(a, 1)))) for a in p.axis_names)
+                groups.append(Group(group_id, indices, tuple(values), axis_values))
+        if not groups:
+            raise NotBounded(Reason.UNSUPPORTED_GROUPING, "grouped plan has no reachable groups")
+    except NotBounded as exc:
+        return exc.reason, str(exc)
+    return count, tuple(groups), tuple(unreachable)
+
+
+@st.composite
+def feature_plans(draw: st.DrawFn) -> KernelPlan:
+    """Features of every source over symbolic and static axes, odd buckets and statics included."""
+    statics = {"s0": draw(st.integers(-1, 6)), "s1": draw(st.integers(1, 6))}
+    features = []
+    for i in range(draw(st.integers(0, 3))):
+        source = draw(st.sampled_from(["primary_axis", "axis", "outer_product", "reduction_product"]))
+        axes = tuple(draw(st.lists(st.sampled_from(["x0", "x1", "s0", "s1"]), max_size=3, unique=True)))
+        buckets = tuple(draw(st.lists(st.integers(-2, 40), max_size=4)))
+        if draw(st.integers(0, 3)) > 0:
+            buckets = tuple(sorted(set(buckets)))
+        features.append(feature(f"f{i}", source, axes, buckets))
+    axis_names = tuple(a for a in ("x0", "x1", "s0", "s1") if draw(st.booleans()))
+    return plan(features, axis_names, tuple(statics.items()))
+
+
+@settings(max_examples=1000, deadline=None)
+@given(feature_plans())
+def test_the_grid_equals_the_plain_per_group_loop(p: KernelPlan) -> None:
+    """Groups, unreachable ids, and the first error the per-group loop meets (reason and message)."""
+    expected = per_group(p)
+    try:
+        reps = build_representatives(p)
+    except NotBounded as exc:
+        got: object = (exc.reason, str(exc))
+    else:
+        got = (reps.group_count, tuple(reps.groups), reps.unreachable_group_ids)
+        assert reps.reachable_group_ids == tuple(g.group_id for g in reps.groups)
+    assert got == expected
+
+
+def test_a_feature_that_reaches_no_bucket_fails_closed() -> None:
+    """Valid buckets always reach one; were none reached, the plan must not read as 0 groups and 0 bytes."""
+    p = plan([feature("a", "axis", ("x0",), (4,)), feature("b", "outer_product", ("s0",), (8,))], ("x0", "s0"))
+    with mock.patch.object(representatives, "_feature_representative", return_value=None), \
+            pytest.raises(NotBounded, match="no reachable groups"):
+        build_representatives(p)
