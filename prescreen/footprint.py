@@ -197,42 +197,22 @@ class _Overflow(Exception):
     """Some value may not fit in int64: evaluate this plan with Python ints."""
 
 
-@dataclasses.dataclass(slots=True)
-class _Layout:
-    """The reachable groups as a grid: axis values per choice, group ids, and each group's env."""
-
-    shape: tuple[int, ...]
-    columns: dict[str, tuple[int | None, tuple[int, ...]]]  # axis -> (grid dim or None, values)
-    group_ids: Sequence[int]
-    env_at: Callable[[int], dict[str, int]]
-
-
-def _grid_layout(grid: GroupGrid) -> _Layout:
-    ndim = len(grid.features)
-    columns: dict[str, tuple[int | None, tuple[int, ...]]] = {}
-    for name, (feature, values) in grid.axis_value_table().items():
-        if feature is None or len(set(values)) == 1:
-            columns[name] = (None, values[:1])
-        else:
-            columns[name] = (ndim - 1 - feature, values)
-    return _Layout(grid.shape, columns, grid.group_ids(), lambda i: dict(grid.group_at(i).axis_values))
-
-
 class _Evaluator:
-    """Evaluates expressions over a layout; records where floordiv meets zero."""
+    """Evaluates expressions over a grid of groups; records where floordiv meets zero."""
 
-    def __init__(self, layout: _Layout, exact: bool) -> None:
+    def __init__(self, grid: GroupGrid, exact: bool) -> None:
         import numpy as np
 
         self.exact = exact
         self.dtype: Any = object if exact else np.int64
         self.cols: dict[str, tuple[Column, int]] = {}
-        ndim = len(layout.shape)
-        for name, (dim, values) in layout.columns.items():
+        ndim = len(grid.shape)
+        for name, (feature, values) in grid.axis_value_table().items():
             bound = max(abs(v) for v in values)
-            if dim is None:
+            if feature is None or len(set(values)) == 1:
                 self.cols[name] = (values[0], bound)
             else:
+                dim = ndim - 1 - feature  # numpy's axes: the last feature first
                 if not exact and bound >= _INT64_LIMIT:
                     raise _Overflow
                 shape = [1] * ndim
@@ -332,14 +312,12 @@ def _first(mask: Column, shape: tuple[int, ...]) -> int:
     return int(np.argmax(np.broadcast_to(mask, shape)))
 
 
-def _vectorized(
-    plan: KernelPlan, args: list[TensorArg | WorkspaceArg], layout: _Layout, exact: bool
-) -> Footprint:
+def _vectorized(plan: KernelPlan, args: list[TensorArg | WorkspaceArg], grid: GroupGrid, exact: bool) -> Footprint:
     import numpy as np
 
-    shape = layout.shape
+    shape = grid.shape
     n_groups = math.prod(shape)
-    ev = _Evaluator(layout, exact)
+    ev = _Evaluator(grid, exact)
     distinct = _Distinct(args)
     numels: list[tuple[Column, int]] = []
     first_failure = 0 if distinct.failed else -1
@@ -354,7 +332,7 @@ def _vectorized(
             first_failure = at if first_failure < 0 else min(first_failure, at)
         numels.append((numel, bound))
     if first_failure >= 0:
-        _raise_first_failure(args, layout.env_at(first_failure))
+        _raise_first_failure(args, dict(grid.group_at(first_failure).axis_values))
     weights, clone_weights = distinct.weights(plan.mutated_arg_names)
     ev.check(n_groups * sum(b * w for (_, b), w in zip(numels, weights)))
 
@@ -377,11 +355,10 @@ def _vectorized(
             lambda k, top: _first(np.asarray(numels[k][0]) == top, shape),
         )
         arg = args[i]
-        size, stride, nbytes_at = _arg_bytes(arg, layout.env_at(at))
-        dominant = ArgFootprint(
-            layout.group_ids[at], arg.name, arg.kind, _canonical_dtype(arg.dtype), size, stride, nbytes_at
-        )
-    ids = layout.group_ids
+        size, stride, nbytes_at = _arg_bytes(arg, dict(grid.group_at(at).axis_values))
+        dominant = ArgFootprint(grid.group_ids()[at], arg.name, arg.kind, _canonical_dtype(arg.dtype), size, stride,
+                                nbytes_at)
+    ids = grid.group_ids()
     group_bytes = tuple(zip(ids, flat_totals))
     return Footprint(synthetic, peak_clone, synthetic + peak_clone, group_bytes, ids[largest], dominant)
 
@@ -467,8 +444,7 @@ def estimate_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
     args = _benchmark_args(plan)
     if len(groups) * len(args) <= LOOP_MAX or not isinstance(groups, GroupGrid):
         return reference_footprint(plan, reps)
-    layout = _grid_layout(groups)
     try:
-        return _vectorized(plan, args, layout, exact=False)
+        return _vectorized(plan, args, groups, exact=False)
     except _Overflow:
-        return _vectorized(plan, args, layout, exact=True)
+        return _vectorized(plan, args, groups, exact=True)
