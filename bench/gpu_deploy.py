@@ -11,7 +11,7 @@ machines of a fleet would be. It prints one table:
 2. ``plan-only``: the same warm with ``--plan-only`` in fresh dirs (the fast audit);
 3. ``cold``: a replica with empty dirs and no artifact compiles each family with the hooks on;
 4. ``replica``: empty dirs, ``prescreen load`` the artifact, then the same compiles;
-5. ``small``: like ``replica`` but with a device memory of 1 GiB: its budget differs, so torch's cache keys
+5. ``small``: like ``replica`` but with a device memory of 256 MiB: its budget differs, so torch's cache keys
    differ and it decides for itself (no fallback or tuning of the big budget reused).
 
 For each: wall time, autotune benchmarks run (Inductor's ``benchmarking.*`` and coordinate-descent
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve()
+BY_CALLER: dict[str, int] = {}  # a replica's benchmarks by the Inductor step that ran them
 MODE = "max-autotune-no-cudagraphs"
 BATCHES = (4, 8, 16)  # one per family of batch=4..16 under the default power-of-two buckets
 DEVICE = os.environ.get("DEPLOY_DEVICE", "cuda")  # cpu: a dry run of the flow (nothing autotunes)
@@ -68,10 +69,16 @@ def _count_benchmarks() -> list[int]:
     from torch._inductor.runtime import benchmarking
 
     ran = [0]
+    callers = ("benchmark_all_configs", "_coordinate_descent_tuning", "autotune", "speedup_by_fusion")
 
     def counted(method: Any) -> Any:
         def run(*args: Any, **kwargs: Any) -> Any:
             ran[0] += 1
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code.co_name not in callers:
+                frame = frame.f_back  # type: ignore[assignment]
+            BY_CALLER[frame.f_code.co_name if frame is not None else "other"] = \
+                BY_CALLER.get(frame.f_code.co_name if frame is not None else "other", 0) + 1
             return method(*args, **kwargs)
         return run
 
@@ -111,7 +118,8 @@ def _compile_all() -> None:
     ind = counters["inductor"]
     print("RESULT " + json.dumps({
         "seconds": seconds, "lookups": c.lookups, "computed": c.estimator_calls, "fell_back": c.fell_back,
-        "benchmarks": ran[0],
+        "benchmarks": ran[0], "by_caller": BY_CALLER,
+        "best_configs": len(list(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).rglob("*.best_config"))),
         "fx_hit": ind["fxgraph_cache_hit"], "digests": digests, "tag": torch.compiler.config.cache_key_tag,
     }), flush=True)
 
@@ -160,12 +168,19 @@ def main() -> None:
         return
     root = Path(tempfile.mkdtemp(prefix="gpu-deploy-"))
     artifact = root / "deploy.prescreen"
+    def step(name: str, result: dict[str, Any]) -> dict[str, Any]:
+        print(f"STEP {name} " + json.dumps({k: v for k, v in result.items() if k != "decisions"}, default=str),
+              flush=True)
+        return result
+
     try:
         warm = _warm(root, "warm", "--artifact", str(artifact))
-        plan = _warm(root, "plan", "--plan-only")
-        cold = _replica(root, "cold")
-        replica = _replica(root, "replica", DEPLOY_LOAD=str(artifact))
-        small = _replica(root, "small", DEPLOY_LOAD=str(artifact), PRESCREEN_DEVICE_MEMORY="1GiB")
+        warm["best_configs"] = len(list((root / "warm" / "inductor").rglob("*.best_config")))
+        step("warm", warm)
+        replica = step("replica", _replica(root, "replica", DEPLOY_LOAD=str(artifact)))
+        cold = step("cold", _replica(root, "cold"))
+        plan = step("plan", _warm(root, "plan", "--plan-only"))
+        small = step("small", _replica(root, "small", DEPLOY_LOAD=str(artifact), PRESCREEN_DEVICE_MEMORY="256MiB"))
         rows = [
             "| step | wall s | compile s | benchmarks | lookups | computed | fallbacks | FX hits | outputs = cold |",
             "|---|---|---|---|---|---|---|---|---|",
@@ -174,7 +189,7 @@ def main() -> None:
             f"| warm --plan-only | {plan['wall']:.1f} | {plan['seconds']:.1f} | | {plan['lookups']} | "
             f"{plan['decisions_made']} | {plan['fell_back']} | | |",
         ]
-        for name, r in (("cold replica", cold), ("replica + load", replica), ("replica + load, 1 GiB", small)):
+        for name, r in (("cold replica", cold), ("replica + load", replica), ("replica + load, 256 MiB", small)):
             same = all(abs(a - b) <= 1e-2 * max(1.0, abs(b)) for a, b in zip(r["digests"], cold["digests"]))
             rows.append(f"| {name} | {r['wall']:.1f} | {r['seconds']:.1f} | {r['benchmarks']} | {r['lookups']} | "
                         f"{r['computed']} | {r['fell_back']} | {r['fx_hit']} | {same} |")

@@ -25,6 +25,7 @@ import functools
 import inspect
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -308,6 +309,10 @@ def _wrap_one_config(original: Callable[..., Any]) -> Callable[..., Any]:
     return guarded_autotune_to_one_config
 
 
+#: Autotuners whose coordinate descent this guard skipped (kept only while upstream keeps them).
+_coordesc_skipped: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
 def _wrap_coordesc(original: Callable[..., Any]) -> Callable[..., Any]:
     """``coordinate_descent_tuning(launcher, *args)``: both max-autotune modes turn it on, and it benchmarks
     configs around the launcher on clones of the mutated args, as runtime autotuning does. It is guarded
@@ -316,10 +321,17 @@ def _wrap_coordesc(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def guarded_coordesc(self: Any, launcher: Any, *args: Any, **kwargs: Any) -> Any:
+        # Upstream calls this at every launch until a config is marked found by coordinate descent: a kernel
+        # it never tunes (a template, say) or one this guard skipped is answered at once, not looked up again.
+        if getattr(self, "_should_coordesc_tune", True) is False:
+            return original(self, launcher, *args, **kwargs)
+        if self in _coordesc_skipped:
+            return launcher
         plan: KernelPlan | None = None
         device: Any = None
         try:
             if _fallen_back(self):
+                _coordesc_skipped.add(self)
                 return launcher
             named = _named_args(self, args, kwargs)
             device = _device_of(named)
@@ -327,6 +339,7 @@ def _wrap_coordesc(original: Callable[..., Any]) -> Callable[..., Any]:
                 plan = plan_for_autotuner(self, args, kwargs, named, device)
                 outcome = lookup_or_decide(plan, state.budget_for(device), state.get_store())
                 if not outcome.decision.tune or state.plan_only():
+                    _coordesc_skipped.add(self)
                     state.log_once(f"coordesc:{outcome.key}", logging.WARNING,
                                    "prescreen: skipping coordinate descent of %s, keeping %s: %s [key %s]",
                                    plan.kernel_name, getattr(launcher, "config", launcher),
@@ -345,6 +358,7 @@ def _wrap_coordesc(original: Callable[..., Any]) -> Callable[..., Any]:
                 raise
             info = oom.info(exc, device)
         oom.release(device)
+        _coordesc_skipped.add(self)
         planned = plan
         oom.record(lambda: [planned], device, info, f"coordinate descent of {_kernel_name(self)}",
                    str(getattr(launcher, "config", "the launcher it started from")))
