@@ -7,8 +7,9 @@ write, recover a corrupt database, delete/clear, or import a bundle; in
 finds a damaged database and recovers it, and is killed some time after. In
 ``oom-locked`` (``--kills`` / 5 rounds) a process records observed OOMs while
 another holds the database's write lock for 0.5 to 3 s and two writers write;
-in ``oom-writers`` 8 processes share 2,000 plans, look them up in orders of
-their own, record an observed OOM for every fifth, and are killed at random. A child logs a key only
+in ``oom-writers`` 8 processes look up overlapping windows of 20,000 plans in
+orders of their own (each started again 50 plans further on), record an
+observed OOM for every fifth, and are killed at random. A child logs a key only
 after ``put`` returned True (acknowledged), a fact only after
 ``record_observed_oom`` returned with it written. Afterwards the directory is
 opened normally and the script prints, per scenario:
@@ -37,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from prescreen import service
@@ -134,16 +136,18 @@ def child(kind: str, directory: str, log: str, start: int, extra: str) -> None:
 
 
 FACT_BASE = 3_000_000  # the plans of the observed-OOM scenarios
-OOM_PLANS = 2000  # how many plans the ``oom-writers`` processes share
+OOM_WINDOW = 20_000  # the plans one ``oom-writers`` process may look up (it is killed first): from 50 * its start
 
 
 def record_facts(store: DiskStore, kind: str, log: str, start: int, count: int) -> None:
-    """``facts``: the plans ``FACT_BASE + [0, count)`` in an order of ``start``'s, each looked up, and an
-    observed OOM recorded for every fifth (as a guarded step whose benchmark ran out); a fact is logged once
-    written (one kept in the process is not: a SIGKILL loses it). ``oom``: a fact for each of ``count`` plans
-    from ``start``, all logged (the process exits normally: one it kept is written at exit)."""
+    """``facts``: the plans ``FACT_BASE + 50 * start + [0, count)`` in an order of ``start``'s (the next
+    processes' windows overlap this one), each looked up, and an observed OOM recorded for every fifth (as a
+    guarded step whose benchmark ran out); a fact is logged once written (one kept in the process is not: a
+    SIGKILL loses it). ``oom``: a fact for each of ``count`` plans from ``start``, all logged (the process
+    exits normally: one it kept is written at exit)."""
     facts = os.open(log + ".facts", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    seeds = list(range(FACT_BASE, FACT_BASE + count)) if kind == "facts" else list(range(start, start + count))
+    first = FACT_BASE + 50 * start if kind == "facts" else start
+    seeds = list(range(first, first + count))
     if kind == "facts":
         random.Random(start).shuffle(seeds)
     for seed in seeds:
@@ -248,15 +252,15 @@ def add(total: dict[str, int], part: dict[str, int]) -> None:
         total[k] = total.get(k, 0) + v
 
 
-def check_facts(directory: Path, log: Path, fact_seeds: set[int]) -> dict[str, int]:
-    """Reopen and check: every acknowledged put present and right (or, for a plan in ``fact_seeds``, an
-    observed OOM); every acknowledged fact present as an observed OOM; every present entry one of those."""
+def check_facts(directory: Path, log: Path, is_fact: Callable[[int], bool]) -> dict[str, int]:
+    """Reopen and check: every acknowledged put present and right (or, for a plan ``is_fact`` says may be one,
+    an observed OOM); every acknowledged fact present as an observed OOM; every present entry one of those."""
     puts, facts = set(acked(log)), set(acked(Path(str(log) + ".facts")))
     _, phantom = file_rows(directory)
     out = {"acknowledged": len(puts), "facts": len(facts), "lost": 0, "wrong": 0, "oom-lost": 0, "phantom": phantom}
 
     def right(seed: int, decision: object) -> bool:
-        return decision == decide(plan(seed), BUDGET) or (seed in fact_seeds and is_observed_oom(decision))  # type: ignore[arg-type]
+        return decision == decide(plan(seed), BUDGET) or (is_fact(seed) and is_observed_oom(decision))  # type: ignore[arg-type]
 
     with DiskStore(directory, min_file_size=MIN_FILE) as store:
         for seed in puts:
@@ -310,25 +314,26 @@ def oom_locked(root: Path, kills: int, rng: random.Random) -> dict[str, int]:
         for proc in procs:
             total["kills"] += 1
             total["mid-op"] += kill(proc)
-        add(total, check_facts(directory, log, seeds))
+        add(total, check_facts(directory, log, seeds.__contains__))
         shutil.rmtree(directory)
     return total
 
 
 def oom_writers(root: Path, kills: int, rng: random.Random) -> dict[str, int]:
-    """8 processes on 2,000 shared plans, each looked up and every fifth recorded as an observed OOM (by
-    whichever process gets there: the others hit it or find it there); killed at random and started again."""
+    """8 processes on overlapping windows of plans, each looked up and every fifth recorded as an observed OOM
+    (by whichever process gets there: the others hit it or find it there); killed at random and started again
+    on a window further on, so a process is mostly killed while it still decides and records."""
     directory, log = root / "oom-writers", root / "oom-writers.log"
-    procs = [spawn("facts", directory, log, start=w, extra=str(OOM_PLANS)) for w in range(8)]
+    procs = [spawn("facts", directory, log, start=w, extra=str(OOM_WINDOW)) for w in range(8)]
     mid = 0
     for k in range(kills):
         time.sleep(rng.uniform(0.05, 1.0))
         w = k % 8
         mid += kill(procs[w])
-        procs[w] = spawn("facts", directory, log, start=8 * (k + 1) + w, extra=str(OOM_PLANS))
+        procs[w] = spawn("facts", directory, log, start=8 * (k + 1) + w, extra=str(OOM_WINDOW))
     for proc in procs:
         mid += kill(proc)
-    out = check_facts(directory, log, {s for s in range(FACT_BASE, FACT_BASE + OOM_PLANS) if s % 5 == 0})
+    out = check_facts(directory, log, lambda seed: seed % 5 == 0)
     return {"kills": kills + 8, "mid-op": mid, **out}
 
 
