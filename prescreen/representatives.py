@@ -112,6 +112,9 @@ class GroupGrid(Sequence[Group]):
     def group_ids(self) -> tuple[int, ...]:
         """Ids of the reachable groups, ascending."""
         if self._ids is None:
+            if all(len(f.bucket_indices) == f.radix for f in self.features):
+                self._ids = tuple(range(self._len))  # every group reachable (most plans): ids 0..count-1
+                return self._ids
             ids = [0]
             radix = 1
             for feature in self.features:
