@@ -148,7 +148,7 @@ def reference_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
     args = _benchmark_args(plan)
     synthetic = peak_clone = 0
     group_bytes: list[tuple[int, int]] = []
-    dominant: ArgFootprint | None = None
+    best: tuple[int, int, TensorArg | WorkspaceArg, tuple[int, ...], tuple[int, ...]] | None = None
     for group in reps.groups:
         env = dict(group.axis_values)
         current = current_mutated = 0
@@ -157,14 +157,16 @@ def reference_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
             current += nbytes
             if arg.name in mutated:
                 current_mutated += nbytes
-            if dominant is None or nbytes > dominant.num_bytes:
-                dominant = ArgFootprint(
-                    group.group_id, arg.name, arg.kind, _canonical_dtype(arg.dtype), size, stride, nbytes
-                )
+            if best is None or nbytes > best[0]:  # the first of the largest, groups first
+                best = (nbytes, group.group_id, arg, size, stride)
         group_bytes.append((group.group_id, current))
         synthetic += current
         peak_clone = max(peak_clone, current_mutated)
     largest = max(group_bytes, key=lambda item: item[1])[0] if group_bytes else None
+    dominant = None
+    if best is not None:
+        nbytes, group_id, arg, size, stride = best
+        dominant = ArgFootprint(group_id, arg.name, arg.kind, _canonical_dtype(arg.dtype), size, stride, nbytes)
     return Footprint(synthetic, peak_clone, synthetic + peak_clone, tuple(group_bytes), largest, dominant)
 
 
