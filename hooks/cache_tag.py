@@ -14,7 +14,8 @@ device memory (after overrides and a per-process memory fraction), the ratio,
 the estimator and key schema versions, the libraries a decision depends on, and
 the bucketing scheme. A process with another budget gets other keys and
 compiles (and decides) for itself; a process without prescreen gets the user's
-tag alone.
+tag alone. The runtime autotune cache's best configs are the exception (see
+``patch``): they are only ever real winners, and keyed by the user's tag.
 
 ``PRESCREEN_BUDGET_BASIS=free``: the digest holds the basis, not the free bytes
 (they change from one compile to the next, so no compile would ever hit). A
@@ -137,8 +138,35 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
     return tagged_compile_fx
 
 
+def _wrap_best_config_key(original: Callable[[str], str]) -> Callable[[str], str]:
+    def prepare_key(filename: str) -> str:
+        from torch.compiler import config
+
+        tag = config.cache_key_tag
+        own = user_tag(tag)
+        if own == tag:
+            return original(filename)
+        with _lock:
+            config.cache_key_tag = own
+            try:
+                return original(filename)
+            finally:
+                config.cache_key_tag = tag
+
+    setattr(prepare_key, _ORIGINAL_ATTR, original)
+    return prepare_key
+
+
 def patch(module: Any) -> None:
-    """Wrap ``compile_fx`` (the Inductor backend and AOTInductor's entry, before any cache key is made)."""
+    """Wrap ``compile_fx`` (the Inductor backend and AOTInductor's entry, before any cache key is made).
+
+    The runtime autotune cache's key (``AutotuneCache._prepare_key``) keeps the user's tag alone. Its key
+    is made where a kernel is loaded, which is a compile worker for a fresh compile (its tag is the one
+    the pool started with) and the compiling process for an FX-cache hit: with prescreen's part in one
+    and not the other, a replica would never find a best config its warm saved. Leaving prescreen's part
+    out is safe because a best config is only ever a benchmark's real winner (a runtime fallback is never
+    saved: ``triton_autotune``), which any budget may run: reading it benchmarks nothing.
+    """
     current_fn = getattr(module, "compile_fx", None)
     if current_fn is None:
         log.warning("prescreen: this torch has no torch._inductor.compile_fx.compile_fx; torch's cache keys "
@@ -146,6 +174,13 @@ def patch(module: Any) -> None:
         return
     if not hasattr(current_fn, _ORIGINAL_ATTR):
         module.compile_fx = _wrap(current_fn)
+    try:
+        from torch._inductor.runtime.autotune_cache import AutotuneCache
+    except ImportError:
+        return
+    key_fn = AutotuneCache.__dict__.get("_prepare_key")
+    if isinstance(key_fn, staticmethod) and not hasattr(key_fn.__func__, _ORIGINAL_ATTR):
+        setattr(AutotuneCache, "_prepare_key", staticmethod(_wrap_best_config_key(key_fn.__func__)))  # noqa: B010
 
 
 def unpatch() -> None:
@@ -157,5 +192,11 @@ def unpatch() -> None:
         original = getattr(getattr(module, "compile_fx", None), _ORIGINAL_ATTR, None)
         if original is not None:
             module.compile_fx = original
+    cache_module: Any = sys.modules.get("torch._inductor.runtime.autotune_cache")
+    if cache_module is not None:
+        key_fn = cache_module.AutotuneCache.__dict__.get("_prepare_key")
+        original_key = getattr(getattr(key_fn, "__func__", None), _ORIGINAL_ATTR, None)
+        if original_key is not None:
+            cache_module.AutotuneCache._prepare_key = staticmethod(original_key)
     if "torch.compiler" in sys.modules:
         clear()

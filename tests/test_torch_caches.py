@@ -178,3 +178,22 @@ def test_aoti_compile_and_package_is_guarded_with_per_kernel_autotune_arguments(
     assert [(e.kernel, e.decision.action) for e in entries] == [("select:bmm", "fallback")]
     runner = torch._inductor.aoti_load_package(path)
     torch.testing.assert_close(runner(*inputs), model(*inputs), atol=1e-4, rtol=1e-4)
+
+
+def test_a_best_config_key_holds_the_users_tag_alone(tmp_path: Path) -> None:
+    """Compile workers make the runtime autotune key with the tag their pool started with, the compiling
+    process (an FX-cache hit) with the current one: prescreen's part stays out of it so both agree."""
+    import torch
+    import torch._inductor.compile_fx  # noqa: F401 - as in any compile: the guards patch it when imported
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
+
+    import prescreen
+    from prescreen.hooks import cache_tag
+
+    plain = AutotuneCache._prepare_key("/x/abc.py")
+    with prescreen.installed(device_memory="64GiB", ratio=0.25, store=None):
+        ours = cache_tag.apply(torch.device("cpu"))
+        assert torch.compiler.config.cache_key_tag.endswith(ours)
+        assert AutotuneCache._prepare_key("/x/abc.py") == plain
+        assert torch.compiler.config.cache_key_tag.endswith(ours)  # given back after the key is made
+    assert AutotuneCache._prepare_key("/x/abc.py") == plain
