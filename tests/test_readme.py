@@ -1,4 +1,4 @@
-"""Every fenced block of the README runs as written, or says what it is.
+"""Every fenced block of the README and of docs/*.md runs as written, or says what it is.
 
 An HTML comment on the line before a fence says what the block is; without one a block is run
 by its language:
@@ -14,7 +14,8 @@ by its language:
 - ``<!-- readme: output -->``: shown output (a log line, an excerpt), not run;
 - ``<!-- readme: not run: WHY -->``: a command the suite must not run, and why.
 
-Every run uses the repository as its working directory, a scratch store, and 80 columns.
+Every run uses the repository as its working directory, a scratch store, and 80 columns. The docs pages
+follow the same rules, so moving a block from the README to a page keeps it checked.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import pytest
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 ROOT = README.parent
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+CONFIGURATION = ROOT / "docs" / "configuration.md"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 FENCE = re.compile(r"^```(\w*)$")
 MARK = re.compile(r"^<!-- readme: (.+?) -->$")
@@ -39,6 +42,7 @@ KINDS = ("output of the block above", "transcript", "output", "not run")
 @dataclasses.dataclass(frozen=True)
 class Block:
     line: int  # of the opening fence, 1-based
+    page: str  # README.md or docs/NAME.md
     lang: str
     mark: str  # the comment before it, or ""
     body: str
@@ -51,11 +55,12 @@ class Block:
 
     @property
     def id(self) -> str:
-        return f"line{self.line}-{self.kind.replace(' ', '-')}"
+        return f"{self.page}:line{self.line}-{self.kind.replace(' ', '-')}"
 
 
-def blocks(text: str | None = None) -> list[Block]:
-    lines = (README.read_text() if text is None else text).splitlines()
+def blocks(text: str | None = None, page: Path = README) -> list[Block]:
+    lines = (page.read_text() if text is None else text).splitlines()
+    name = page.relative_to(ROOT).as_posix()
     found, i = [], 0
     while i < len(lines):
         fence = FENCE.match(lines[i])
@@ -65,12 +70,13 @@ def blocks(text: str | None = None) -> list[Block]:
         end = next(j for j in range(i + 1, len(lines)) if lines[j] == "```")
         before = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
         mark = MARK.match(before)
-        found.append(Block(i + 1, fence.group(1), mark.group(1) if mark else "", "\n".join(lines[i + 1:end]) + "\n"))
+        found.append(Block(i + 1, name, fence.group(1), mark.group(1) if mark else "",
+                           "\n".join(lines[i + 1:end]) + "\n"))
         i = end + 1
     return found
 
 
-ALL = blocks()
+ALL = [b for page in PAGES for b in blocks(page=page)]
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -83,7 +89,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 def _run(block: Block, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-P", "-c", block.body] if block.lang == "python" else ["bash", "-e", "-c", block.body]
     done = subprocess.run(argv, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"README block at line {block.line} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+    assert done.returncode == 0, f"{block.page} block at line {block.line} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
     return done
 
 
@@ -98,20 +104,22 @@ def _normal(text: str, vary: bool) -> str:
 
 def _expected_output(block: Block) -> Block | None:
     after = ALL[ALL.index(block) + 1:]
-    return after[0] if after and after[0].kind == "output of the block above" else None
+    follows = after and after[0].page == block.page and after[0].kind == "output of the block above"
+    return after[0] if follows else None
 
 
 def test_every_block_is_run_or_marked() -> None:
     kinds = {b.id: b.kind for b in ALL}
-    assert len(ALL) >= 10, kinds
+    assert len(ALL) >= 10 and sum(b.page == "README.md" for b in ALL) >= 5, kinds
     unknown = {i: k for i, k in kinds.items() if k not in (*KINDS, "python", "bash", "toml")}
     assert not unknown, f"each README block needs a runnable language or a mark (see this module's docstring): {unknown}"
     for b in ALL:
         if b.kind == "output of the block above":
             before = ALL[ALL.index(b) - 1]
-            assert before.kind in ("python", "bash"), f"line {b.line}: the block above (line {before.line}) is not run"
+            assert before.page == b.page and before.kind in ("python", "bash"), \
+                f"{b.page} line {b.line}: the block above (line {before.line}) is not run"
         if b.kind == "not run":
-            assert re.match(r"not run: \S", b.mark), f"line {b.line}: say why it is not run"
+            assert re.match(r"not run: \S", b.mark), f"{b.page} line {b.line}: say why it is not run"
 
 
 def test_the_parser_sees_marks_and_languages() -> None:
@@ -152,7 +160,7 @@ def test_transcript_prints_what_the_readme_shows(block: Block, tmp_path: Path) -
         if line.startswith("$ "):
             steps.append((line[2:], []))
         else:
-            assert steps, f"line {block.line}: a transcript starts with a '$ command' line"
+            assert steps, f"{block.page} line {block.line}: a transcript starts with a '$ command' line"
             steps[-1][1].append(line)
     for command, shown in steps:
         done = subprocess.run(["bash", "-c", command], cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True,
@@ -176,7 +184,7 @@ def test_the_demo_falls_back_where_the_readme_says() -> None:
     makefile = (ROOT / "Makefile").read_text()
     demo = re.search(r"^DEMO_WARM := (.*?)(?<!\\)\n", makefile, re.S | re.M)
     assert demo, "no DEMO_WARM in the Makefile"
-    warm = next(b for b in RUN if b.lang == "bash" and "prescreen warm examples" in b.body)
+    warm = next(b for b in RUN if b.page == "README.md" and b.lang == "bash" and "prescreen warm examples" in b.body)
     assert " ".join(demo.group(1).replace("\\\n", " ").split()) == " ".join(
         warm.body.replace("\\\n", " ").split()).removeprefix("prescreen ")
     shown = _expected_output(warm)
@@ -191,6 +199,13 @@ def test_every_prescreen_env_var_in_the_code_is_documented() -> None:
     for path in list((ROOT / "prescreen").rglob("*.py")) + list((ROOT / "hooks").rglob("*.py")):
         names |= set(re.findall(r'"(PRESCREEN[A-Z_]*|INDUCTOR_ASCEND_[A-Z_]+)"', path.read_text()))
     assert names, "no env var names found: the pattern is wrong"
-    table = README.read_text().split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    table = CONFIGURATION.read_text().split("## Environment variables", 1)[1].split("\n## ", 1)[0]
     missing = sorted(n for n in names if f"`{n}`" not in table)
     assert not missing, f"undocumented env vars: {missing}"
+
+
+def test_every_docs_page_is_linked_once_from_the_readme() -> None:
+    """The README stays short by linking each page of depth once; a page nobody links is lost."""
+    text = README.read_text()
+    counts = {page.name: text.count(f"](docs/{page.name})") for page in PAGES[1:]}
+    assert counts and all(n == 1 for n in counts.values()), counts
