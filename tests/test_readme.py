@@ -209,3 +209,13 @@ def test_every_docs_page_is_linked_once_from_the_readme() -> None:
     text = README.read_text()
     counts = {page.name: text.count(f"](docs/{page.name})") for page in PAGES[1:]}
     assert counts and all(n == 1 for n in counts.values()), counts
+
+
+def test_every_relative_link_points_to_a_file() -> None:
+    """Pages moved into docs/ link to each other and to bench/; a renamed page must not leave a dead link."""
+    dead = []
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
+            if not (page.parent / target).exists():
+                dead.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert not dead, dead
