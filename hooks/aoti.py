@@ -21,6 +21,9 @@ log = logging.getLogger("prescreen.hooks")
 SETTING = "autotune_per_kernel_alloc"
 _NOT_SET = object()
 _saved: Any = _NOT_SET  # the value before install, while prescreen holds the setting
+#: The value ``unpatch`` gave back, where it was the default: giving it back marks it set in torch's config, so a
+#: later install would otherwise take it for the user's own choice.
+_given_back: Any = _NOT_SET
 
 
 def patch() -> bool:
@@ -36,18 +39,19 @@ def patch() -> bool:
                  torch.__version__, SETTING)
         return False
     is_default: Any = getattr(config, "_is_default", lambda _name: True)
-    if _saved is _NOT_SET and is_default(f"aot_inductor.{SETTING}"):
-        _saved = getattr(aoti, SETTING)
+    current = getattr(aoti, SETTING)
+    if _saved is _NOT_SET and (is_default(f"aot_inductor.{SETTING}") or current is _given_back):
+        _saved = current
         setattr(aoti, SETTING, True)
     return True
 
 
 def unpatch() -> None:
     """Give the setting back as it was."""
-    global _saved
+    global _saved, _given_back
     if _saved is _NOT_SET:
         return
     from torch._inductor import config
 
     setattr(config.aot_inductor, SETTING, _saved)
-    _saved = _NOT_SET
+    _saved, _given_back = _NOT_SET, _saved

@@ -252,3 +252,15 @@ def test_an_explicit_install_opens_the_store_and_a_lazy_one_waits_for_the_first_
     finally:
         prescreen.uninstall()
         state.reset()
+
+
+def test_aoti_per_kernel_autotune_arguments_are_on_while_installed_every_time() -> None:
+    import torch._inductor.compile_fx  # noqa: F401 - the guards patch it when it is imported
+    from torch._inductor import config as ic
+
+    if not hasattr(ic.aot_inductor, "autotune_per_kernel_alloc"):
+        pytest.skip("this torch has no aot_inductor.autotune_per_kernel_alloc")
+    for _ in range(2):  # giving the setting back must not make it look like the user's own next time
+        with prescreen.installed(device_memory="64GiB"):
+            assert ic.aot_inductor.autotune_per_kernel_alloc is True
+        assert ic.aot_inductor.autotune_per_kernel_alloc is False
