@@ -32,7 +32,7 @@ from typing import Any
 from prescreen.expr import Const
 from prescreen.hooks import oom, state
 from prescreen.plan import KernelPlan, TensorArg, WorkspaceArg
-from prescreen.service import lookup_or_decide
+from prescreen.service import Outcome, lookup_or_decide
 
 log = logging.getLogger("prescreen.hooks")
 
@@ -231,6 +231,17 @@ def _describe_config(autotuner: Any) -> str:
         return "the first config"
 
 
+def _decide(autotuner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[KernelPlan, Any, Outcome] | None:
+    """The runtime step's plan, device and decision (runtime autotuning and coordinate descent share them);
+    None on a host device, where nothing is guarded."""
+    named = _named_args(autotuner, args, kwargs)
+    device = _device_of(named)
+    if getattr(device, "type", "cpu") in ("cpu", "meta"):
+        return None
+    plan = plan_for_autotuner(autotuner, args, kwargs, named, device)
+    return plan, device, lookup_or_decide(plan, state.budget_for(device), state.get_store())
+
+
 def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def guarded_benchmark_all_configs(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -238,11 +249,9 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
         device: Any = None
         try:
             if len(getattr(self, "launchers", ())) > 1:
-                named = _named_args(self, args, kwargs)
-                device = _device_of(named)
-                if getattr(device, "type", "cpu") not in ("cpu", "meta"):
-                    plan = plan_for_autotuner(self, args, kwargs, named, device)
-                    outcome = lookup_or_decide(plan, state.budget_for(device), state.get_store())
+                decided = _decide(self, args, kwargs)
+                if decided is not None:
+                    plan, device, outcome = decided
                     if not outcome.decision.tune:
                         state.log_once(outcome.key, logging.WARNING,
                                        "prescreen: skipping runtime autotuning of %s (%d configs), using %s: "
@@ -333,11 +342,9 @@ def _wrap_coordesc(original: Callable[..., Any]) -> Callable[..., Any]:
             if _fallen_back(self):
                 _coordesc_skipped.add(self)
                 return launcher
-            named = _named_args(self, args, kwargs)
-            device = _device_of(named)
-            if getattr(device, "type", "cpu") not in ("cpu", "meta"):
-                plan = plan_for_autotuner(self, args, kwargs, named, device)
-                outcome = lookup_or_decide(plan, state.budget_for(device), state.get_store())
+            decided = _decide(self, args, kwargs)
+            if decided is not None:
+                plan, device, outcome = decided
                 if not outcome.decision.tune or state.plan_only():
                     _coordesc_skipped.add(self)
                     state.log_once(f"coordesc:{outcome.key}", logging.WARNING,
@@ -359,8 +366,7 @@ def _wrap_coordesc(original: Callable[..., Any]) -> Callable[..., Any]:
             info = oom.info(exc, device)
         oom.release(device)
         _coordesc_skipped.add(self)
-        planned = plan
-        oom.record(lambda: [planned], device, info, f"coordinate descent of {_kernel_name(self)}",
+        oom.record(lambda: [plan], device, info, f"coordinate descent of {_kernel_name(self)}",
                    str(getattr(launcher, "config", "the launcher it started from")))
         return launcher
 
