@@ -71,9 +71,9 @@ def _log_summary() -> None:
 
 
 def _patch_select(_module: ModuleType) -> None:
-    from prescreen.hooks import select_algorithm
+    from prescreen.hooks import inductor_select
 
-    select_algorithm.patch()
+    inductor_select.patch()
 
 
 def _patch_compile_fx(module: ModuleType) -> None:
@@ -150,7 +150,7 @@ def _announce(lazy: bool) -> None:
 def uninstall() -> None:
     """Restore upstream behaviour everywhere (idempotent)."""
     global _active
-    from prescreen.hooks import aoti, cache_tag, npu, select_algorithm
+    from prescreen.hooks import aoti, cache_tag, inductor_select, npu
 
     with _lock:
         import_hook.forget(SELECT_MODULE)
@@ -159,7 +159,7 @@ def uninstall() -> None:
         aoti.unpatch()
         import_hook.forget(NPU_MODULE)
         import_hook.forget(NPU_RUNTIME_MODULE)
-        select_algorithm.unpatch()
+        inductor_select.unpatch()
         npu.unpatch()
         _active = False
 

@@ -63,11 +63,6 @@ def _upstream_globals(original: Callable[..., Any]) -> Mapping[str, Any]:
     return names
 
 
-def upstream_ratio(original: Callable[..., Any]) -> float:
-    """The ratio torch_npu's method will use: its ``npu_config`` object's, read now."""
-    return config_ratio(_upstream_globals(original).get("npu_config"))
-
-
 def config_ratio(config: object) -> float:
     """``config.symbolic_group_max_benchmark_memory_ratio`` where torch_npu would accept it; else ``Defer``.
 
@@ -81,11 +76,6 @@ def config_ratio(config: object) -> float:
     if not math.isfinite(ratio) or not 0.0 < ratio <= 1.0:
         raise Defer(f"npu_config.{RATIO_ATTR}={value!r} is outside (0, 1]")
     return ratio
-
-
-def upstream_total_memory(original: Callable[..., Any], device: Any) -> int:
-    """The total memory torch_npu's method will use for ``device``."""
-    return npu_total_memory(_upstream_globals(original).get("torch"), device)
 
 
 def npu_total_memory(torch_mod: Any, device: Any) -> int:

@@ -5,11 +5,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import weakref
 from collections.abc import Iterator
-from typing import Any, TypeVar
 
-from prescreen.budget import Budget, budget_basis
+from prescreen.budget import Budget
 from prescreen.service import COUNTERS, Counters
 from prescreen.store.base import Store
 
@@ -21,19 +19,6 @@ _store_opened = False
 _store_owned = False  # True only for a store get_store opened itself; a caller's store is the caller's to close
 _overrides: dict[str, object] = {}
 _logged: set[str] = set()
-# compiled graph -> str(device) -> its budget (``budget_for``); emptied with every change of the overrides
-_budgets: "weakref.WeakKeyDictionary[Any, dict[str, Budget]]" = weakref.WeakKeyDictionary()
-
-T = TypeVar("T")
-
-
-def kept(table: "weakref.WeakKeyDictionary[Any, T]", owner: Any, new: T) -> T:
-    """What ``table`` keeps for ``owner`` (``new`` the first time; dropped with ``owner``), or ``new`` alone
-    where ``owner`` is not weakly referenceable."""
-    try:
-        return table.setdefault(owner, new)
-    except TypeError:
-        return new
 
 
 def configure(*, store: Store | None = None, device_memory: str | int | None = None, ratio: float | None = None) -> None:
@@ -46,7 +31,6 @@ def configure(*, store: Store | None = None, device_memory: str | int | None = N
             _overrides["device_memory"] = device_memory
         if ratio is not None:
             _overrides["ratio"] = ratio
-        _budgets.clear()
 
 
 Snapshot = tuple[Store | None, bool, bool, dict[str, object]]
@@ -67,7 +51,6 @@ def restore(saved: Snapshot) -> None:
         _store, _store_opened, _store_owned = saved[0], saved[1], saved[2]
         _overrides.clear()
         _overrides.update(saved[3])
-        _budgets.clear()
 
 
 def reset() -> None:
@@ -79,7 +62,6 @@ def reset() -> None:
         _store, _store_opened, _store_owned = None, False, False
         _overrides.clear()
         _logged.clear()
-        _budgets.clear()
 
 
 def get_store() -> Store | None:
@@ -99,38 +81,9 @@ def get_store() -> Store | None:
 
 
 def budget_for(device: object) -> Budget:
-    """The budget for ``device`` with the configured overrides; may raise ConfigError.
-
-    Read once per compiled graph and device: the guarded steps of one compile share it (the
-    environment, torch_npu's ratio and a per-process memory fraction are read again by the next
-    compile), and being the same object lets a plan's repeated lookups answer from the plan's memory.
-    Read every time outside a graph (runtime autotuning at a kernel's first call) and with
-    ``PRESCREEN_BUDGET_BASIS=free`` (free memory is live).
-    """
-    graph = _graph()
-    if graph is None or budget_basis() == "free":
-        return _read_budget(device)
-    per_device = kept(_budgets, graph, {})
-    name = str(device)
-    found = per_device.get(name)
-    if found is None:
-        found = per_device[name] = _read_budget(device)
-    return found
-
-
-def _read_budget(device: object) -> Budget:
+    """The budget for ``device`` with the configured overrides, read at every guarded step (the environment, a
+    per-process memory fraction or free memory may change between steps); may raise ConfigError."""
     return Budget.for_device(device, _overrides.get("device_memory"), _overrides.get("ratio"))  # type: ignore[arg-type]
-
-
-def _graph() -> object | None:
-    """The graph Inductor is compiling on this thread, or None."""
-    try:
-        from torch._inductor.virtualized import NullHandler, V
-
-        graph = V.graph
-    except Exception:
-        return None
-    return None if isinstance(graph, NullHandler) else graph
 
 
 def overrides() -> tuple[float | None, int | None]:

@@ -14,7 +14,7 @@ import torch
 from torch._inductor.select_algorithm import AlgorithmSelectorCache
 
 import prescreen
-from prescreen.hooks import activation, select_algorithm, state
+from prescreen.hooks import activation, inductor_select, state
 
 CHECK = (
     "import torch, torch._inductor.select_algorithm as sa;"
@@ -93,8 +93,8 @@ def test_guard_error_hands_upstream_every_choice(monkeypatch) -> None:
     def boom(*_a, **_k):
         raise RuntimeError("estimator exploded")
 
-    monkeypatch.setattr(select_algorithm, "_guard", boom)
-    guarded = select_algorithm._wrap(upstream)
+    monkeypatch.setattr(inductor_select, "_guard", boom)
+    guarded = inductor_select._wrap(upstream)
     assert guarded(object(), "mm", ["a", "b", "c"], [], None) == ("node", "a")
     assert seen == [["a", "b", "c"]]
 
@@ -106,8 +106,8 @@ def test_guard_sees_keyword_arguments_and_changes_only_choices(monkeypatch) -> N
         calls.append((name, choices, input_nodes, layout, input_gen_fns, extra))
         return "node", choices[0]
 
-    monkeypatch.setattr(select_algorithm, "_guard", lambda selector, name, choices, nodes, layout: choices[-1:])
-    guarded = select_algorithm._wrap(upstream)
+    monkeypatch.setattr(inductor_select, "_guard", lambda selector, name, choices, nodes, layout: choices[-1:])
+    guarded = inductor_select._wrap(upstream)
     guarded(object(), name="mm", choices=["a", "b"], input_nodes=[1], layout="L", input_gen_fns={0: 1}, extra=2)
     guarded(object(), "mm", ["a", "b"], [1], "L")
     assert calls == [("mm", ["b"], [1], "L", {0: 1}, 2), ("mm", ["b"], [1], "L", None, 1)]
@@ -118,7 +118,7 @@ def test_unrecognised_selector_signature_is_not_patched(monkeypatch, caplog) -> 
         return None
 
     monkeypatch.setattr(AlgorithmSelectorCache, "__call__", other)
-    assert select_algorithm.patch() is False
+    assert inductor_select.patch() is False
     assert AlgorithmSelectorCache.__call__ is other
     assert "does not take (name, choices, input_nodes, layout)" in caplog.text
 

@@ -1,0 +1,234 @@
+"""Guard Inductor's epilogue-fusion benchmark (``Scheduler.speedup_by_fusion``).
+
+Where upstream benchmarks a fusion (a multi-template node, or ``benchmark_fusion``)
+it compiles each candidate kernel and times it on arguments it synthesizes from
+the graph's size hints. The guard builds one plan per kernel straight off the
+scheduler nodes at every step (as ``TensorMeta.from_irnodes`` reads a benchmark's
+inputs), decides each with the shared estimator, budget and store, and over
+budget, or on an OOM, leaves the kernels unfused and unbenchmarked: upstream's
+own answer when fusing is not faster.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from prescreen.hooks import oom, state
+from prescreen.hooks.inductor_select import (
+    ORIGINAL_ATTR,
+    _Converter,
+    benchmark_plan,
+    concrete_tensor_arg,
+    patch_attr,
+    unpatch_attr,
+)
+from prescreen.plan import KernelPlan, TensorArg, WorkspaceArg
+from prescreen.service import lookup_or_decide
+
+__all__ = ["patch", "plans_for_fusion", "unpatch"]
+
+_FUSION_PARAMS = ("self", "node1", "node2")
+
+
+def _is_benchmarked_fusion(node1: Any, node2: Any) -> bool:
+    """Whether upstream benchmarks this fusion (a multi-template node, or ``benchmark_fusion``)."""
+    from torch._inductor import config, ir
+
+    if getattr(config, "benchmark_fusion", False):
+        return True
+    return any(
+        n.is_template() and isinstance(n.get_template_node(), ir.MultiTemplateBuffer) for n in (node1, node2)
+    )
+
+
+def _dep_names(node: Any) -> tuple[set[str], set[str]]:
+    """Names of the buffers ``node`` reads and writes (weak ordering edges left out)."""
+    rw = node.read_writes
+    reads = {d.name for d in rw.reads if type(d).__name__ != "WeakDep"}
+    writes = {d.name for d in rw.writes if type(d).__name__ != "WeakDep"}
+    return reads, writes
+
+
+def _kernel_args(scheduler: Any, nodes: Sequence[Any]) -> tuple[list[str], set[str], set[str]]:
+    """The buffers one benchmarked kernel of ``nodes`` takes, those it mutates, and those it may write in place.
+
+    As Inductor's codegen does: reads produced inside the kernel are not
+    arguments, and a write every user of which is inside the kernel is removed
+    (``Scheduler.can_buffer_be_removed_through_fusion``; kept where that method
+    is missing). A buffer one node both reads and writes is mutated in place.
+
+    In place: a pointwise/reduction kernel may write an output into the buffer
+    of an intermediate input whose every user is in the kernel, of the same size
+    and dtype (``in_out_ptr``); the argument is then mutated, so
+    ``benchmark_codegened_module`` clones it for its first call and runtime
+    autotuning may clone it again. Which pair codegen picks is decided later, so
+    every output that has such an input is counted.
+    """
+    from torch._inductor.virtualized import V
+
+    names = {n.get_name() for node in nodes for n in node.get_nodes()}
+    removable = getattr(scheduler, "can_buffer_be_removed_through_fusion", None)
+
+    def local(name: str) -> bool:
+        return removable is not None and bool(removable(name, names))
+
+    reads: set[str] = set()
+    writes: set[str] = set()
+    mutated: set[str] = set()
+    for node in nodes:
+        r, w = _dep_names(node)
+        reads |= r
+        writes |= w
+        mutated |= r & w
+    kept = {w for w in writes if w in mutated or not local(w)}
+    args = sorted((reads - writes) | kept | mutated)
+    if any(n.is_template() for n in nodes):
+        return args, mutated, set()
+
+    def shape(name: str) -> tuple[Any, ...] | None:
+        try:
+            buf = V.graph.get_buffer(name)
+            return (tuple(buf.get_size()), buf.get_dtype())
+        except Exception:
+            return None
+
+    graph_inputs = set(getattr(V.graph, "graph_inputs", {}))
+    reusable = {shape(r) for r in args
+                if r not in writes and r not in graph_inputs and r not in mutated and (removable is None or local(r))}
+    reusable.discard(None)
+    inplace = {w for w in (kept - mutated) if shape(w) in reusable}
+    return args, mutated, inplace
+
+
+def _fusion_kernels(node1: Any, node2: Any) -> list[tuple[str, list[Any]]]:
+    """The kernels ``speedup_by_fusion`` may benchmark: each non-template node alone, and the fusion.
+
+    A template node alone is the algorithm selection, benchmarked (and guarded)
+    by ``choice_timings``; the others go through ``benchmark_fused_nodes`` and the
+    fused kernel through ``benchmark_codegened_module``, one after another, each
+    on its own synthesized arguments.
+    """
+    alone = [(f"fusion:unfused{i}", [n]) for i, n in enumerate((node1, node2), 1) if not n.is_template()]
+    return [*alone, ("fusion:fused", [node1, node2])]
+
+
+def _graph_tensor(conv: _Converter, label: str, name: str) -> list[TensorArg | WorkspaceArg]:
+    """One kernel argument: a graph buffer at its symbolic size, or a constant at its real size."""
+    from torch._inductor.virtualized import V
+
+    graph = V.graph
+    constant = getattr(graph, "constants", {}).get(name)
+    if constant is not None:
+        return [concrete_tensor_arg(label, constant)]
+    lookup = getattr(graph, "try_get_buffer", None) or graph.get_buffer
+    buf = lookup(name)
+    if buf is None:
+        raise LookupError(f"buffer {name!r} of a benchmarked fusion is not in the graph")
+    return conv.tensor(label, buf, buf.get_layout())
+
+
+def plans_for_fusion(scheduler: Any, node1: Any, node2: Any) -> list[KernelPlan]:
+    """One plan per kernel the epilogue-fusion step may benchmark (see ``_fusion_kernels``).
+
+    Each holds that kernel's arguments at their size hints (``get_args``
+    synthesizes every one), the flush buffer, and for each argument the kernel
+    mutates (or may write in place, ``_kernel_args``) two clones: the one
+    ``benchmark_codegened_module`` passes to its first call, and the one runtime
+    autotuning of that call may make. The kernels are benchmarked one at a time,
+    so the step's footprint is the largest of these plans, not their union; the
+    step tunes only if every plan does.
+    """
+    from torch._inductor.virtualized import V
+
+    device = _fusion_device(node1)
+    plans: list[KernelPlan] = []
+    for kernel_name, nodes in _fusion_kernels(node1, node2):
+        names, mutated, inplace = _kernel_args(scheduler, nodes)
+        conv = _Converter(V.graph.sizevars)
+        args: list[TensorArg | WorkspaceArg] = []
+        for i, name in enumerate(names):
+            args.extend(_graph_tensor(conv, f"buf{i}", name))
+            if name in mutated:
+                args.extend(_graph_tensor(conv, f"buf{i}.clone", name))
+            if name in mutated or name in inplace:
+                args.extend(_graph_tensor(conv, f"buf{i}.autotune_clone", name))
+        plans.append(benchmark_plan(conv, args, device, kernel_name))
+    return plans
+
+
+def _fusion_device(node1: Any) -> Any:
+    try:
+        return node1.get_device()
+    except Exception:
+        return None
+
+
+def _no_fusion() -> Any:
+    """Upstream's "do not fuse" answer: ``FusionResult.fuse(False)`` where it exists, else False."""
+    from torch._inductor import scheduler
+
+    result_cls = getattr(scheduler, "FusionResult", None)
+    return result_cls.fuse(False) if result_cls is not None and hasattr(result_cls, "fuse") else False
+
+
+def _wrap_fusion(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Scheduler.speedup_by_fusion`` guarded: over budget, or on an OOM, the template and its
+    epilogue stay separate kernels (upstream's answer when fusing is not faster), unbenchmarked."""
+
+    @functools.wraps(original)
+    def guarded_fusion(self: Any, node1: Any, node2: Any, *args: Any, **kwargs: Any) -> Any:
+        device = None
+        plans: list[KernelPlan] = []
+        try:
+            if _is_benchmarked_fusion(node1, node2):
+                device = _fusion_device(node1)
+                plans = plans_for_fusion(self, node1, node2)
+                budget, store = state.budget_for(device), state.get_store()
+                for plan in plans:
+                    outcome = lookup_or_decide(plan, budget, store)
+                    if not outcome.decision.tune:
+                        state.log_once(outcome.key, logging.WARNING,
+                                       "prescreen: skipping the epilogue-fusion benchmark, kernels left unfused: "
+                                       "%s: %s [key %s, %s]", plan.kernel_name, outcome.decision.reason,
+                                       outcome.key[:12], "store hit" if outcome.hit else "computed")
+                        return _no_fusion()
+                if state.plan_only():
+                    return _no_fusion()  # decided and recorded; nothing is benchmarked
+        except Exception as exc:  # never break a compile
+            state.log_once(f"fusion-error:{type(exc).__name__}", logging.WARNING,
+                           "prescreen: epilogue-fusion guard failed (%r); benchmarking as upstream would", exc)
+            device = None
+        if device is None:
+            return original(self, node1, node2, *args, **kwargs)
+        try:
+            return original(self, node1, node2, *args, **kwargs)
+        except Exception as exc:
+            if not oom.is_oom(exc):
+                raise
+            info = oom.info(exc, device)
+        oom.release(device)
+        # which kernel ran out is not known: every one falls back next time
+        oom.record(lambda: plans, device, info, "the epilogue-fusion benchmark", "the unfused kernels")
+        return _no_fusion()
+
+    setattr(guarded_fusion, ORIGINAL_ATTR, original)
+    return guarded_fusion
+
+
+def patch() -> bool:
+    """Install the guard on ``Scheduler.speedup_by_fusion`` (left alone, with a warning, if its signature differs)."""
+    from torch._inductor import scheduler
+
+    return patch_attr(scheduler.Scheduler, "speedup_by_fusion", _FUSION_PARAMS, _wrap_fusion, "epilogue-fusion")
+
+
+def unpatch() -> None:
+    """Restore upstream's ``speedup_by_fusion``."""
+    import sys
+
+    sched = sys.modules.get("torch._inductor.scheduler")
+    if sched is not None:
+        unpatch_attr(sched.Scheduler, "speedup_by_fusion")
