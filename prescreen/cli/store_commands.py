@@ -1,0 +1,380 @@
+"""The commands over the store: inspect, report, clear, stats, export, import and load.
+
+``inspect``, ``report`` and ``clear`` share one filter language (:func:`filter_options`); nothing here
+imports torch but ``load``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from prescreen.budget import format_bytes
+from prescreen.display import COMPACT_KEY_CHARS, KEY_CHARS, compact, err, fill, fits, markup, out, visible
+from prescreen.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rich.table import Table
+
+    from prescreen.cli import StoreOpener
+    from prescreen.store.base import Store
+    from prescreen.store.clear import Predicate
+    from prescreen.store.entry import Entry
+
+__all__ = ["COMMANDS", "filter_options", "selection"]
+
+
+
+def _age(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M")
+
+
+def _family(e: Entry) -> str:
+    plan: dict[str, Any] = dict(e.plan)
+    statics = plan.get("axis_static_values") or []
+    features = plan.get("group_features") or []
+    if features:
+        groups = (e.family or {}).get("group_count", "?")
+        return f"{len(features)} features, {groups} groups"
+    labels = dict(plan.get("axis_labels") or [])  # an Inductor selection's buckets (prescreen.families)
+    if labels:
+        return ",".join(labels.get(n, f"{n}={v}") for n, v in statics)
+    return ",".join(f"{n}={v}" for n, v in statics) or "static"
+
+
+def _short(e: Entry, brief: bool = False) -> str:
+    from prescreen.report import short_reason
+
+    d = e.decision
+    return short_reason(d.action, d.bounded, d.estimated_bytes, d.budget_bytes, d.reason, brief=brief)
+
+
+def filter_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The one filter language of ``inspect``, ``report`` and ``clear`` (filters combine with AND)."""
+    options = [
+        click.option("--key", "key_prefix", metavar="PREFIX", help="Entries whose key starts with these hex digits."),
+        click.option("--kernel", metavar="PATTERN",
+                     help="Kernels whose name contains PATTERN, or matches it as a glob ('select:packed*')."),
+        click.option("--device", metavar="KIND", help="Entries decided for this device kind (npu, cuda, xpu, cpu)."),
+        click.option("--decision", type=click.Choice(["tune", "fallback"]), help="Only this decision."),
+        click.option("--older-than", metavar="AGE", help="Entries older than AGE, e.g. 7d, 12h, 30m."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def selection(key_prefix: str | None = None, kernel: str | None = None, device: str | None = None,
+              decision: str | None = None, older_than: str | None = None, *, required: bool = False,
+              everything: bool = False) -> Predicate:
+    """The entries the filter options select; with ``required`` (clear), no filter is an error."""
+    from prescreen.store.clear import build_predicate, match_all
+
+    given = any(v is not None for v in (key_prefix, kernel, device, older_than, decision))
+    if not given and not required and not everything:
+        base = match_all()
+    else:
+        try:
+            base = build_predicate(everything=everything, key_prefix=key_prefix, kernel=kernel, device=device,
+                                   older_than=older_than)
+        except ConfigError as exc:
+            if decision is None or "nothing selected" not in str(exc):
+                raise
+            base = match_all()
+        if everything and decision is not None:
+            raise ConfigError("--all cannot be combined with other filters")
+    if decision is None:
+        return base
+    return lambda e: e.decision.action == decision and base(e)
+
+
+def _one(store: Store, key: str) -> Entry:
+    prefix = key.strip().lower()
+    if not prefix or not re.fullmatch(r"[0-9a-f]+", prefix):
+        raise ConfigError(f"invalid key prefix {key!r} (expected hex digits of a key)")
+    matches = [e for e in store.entries() if e.key.startswith(prefix)]
+    if not matches:
+        raise ConfigError(f"no entry with key {key!r}")
+    if len(matches) > 1:
+        raise ConfigError(f"key prefix {key!r} matches {len(matches)} entries; give more characters")
+    return matches[0]
+
+
+def _entry_table(entry: Entry) -> Table:
+    from rich.table import Table
+
+    d = entry.decision
+    table = Table(title=markup(f"entry {entry.key}"), show_header=False)
+    table.add_column("field", style="bold", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    rows = [
+        ("kernel", entry.kernel), ("decision", d.action), ("bounded", str(d.bounded)),
+        ("enable_auto_blockify", str(d.enable_auto_blockify)),
+        ("estimated", f"{format_bytes(d.estimated_bytes)} ({d.estimated_bytes} B)"),
+        ("synthetic / mutated clone", f"{d.synthetic_bytes} / {d.mutated_clone_bytes} B"),
+        ("budget", f"{format_bytes(d.budget_bytes)} = {format_bytes(d.total_memory)} x {d.ratio}"),
+        ("why", _short(entry)), ("reason", d.reason), ("largest group", str(d.largest_group_id)),
+        ("dominant arg", json.dumps(d.dominant_arg.to_payload()) if d.dominant_arg else "none"),
+        ("per-group bytes", ", ".join(f"{g}: {format_bytes(b)}" for g, b in d.group_bytes) or "-"),
+        ("shape family", _family(entry)),
+        ("created", f"{_age(entry.created_at)} by {entry.host} pid {entry.pid}"), ("hits", str(entry.hits)),
+    ]
+    rows += [(f"key.{k}", json.dumps(v) if not isinstance(v, str) else v) for k, v in entry.parts.to_payload().items()]
+    for field, value in rows:
+        table.add_row(markup(field), markup(value))
+    return table
+
+
+#: The columns of the ``inspect`` listing, widest first: the widest whose rows fit the terminal is used.
+LIST_COLUMNS = {
+    "compact": ("key", "kernel", "shape family", "device", "decision", "why"),  # paired rows differ by family
+    "medium": ("key", "kernel", "shape family", "device", "decision", "why", "hits"),
+    "wide": ("key", "kernel", "shape family", "device", "ratio", "decision", "estimated", "budget", "why", "created",
+             "hits"),
+}
+
+
+def _list_table(entries: Sequence[Entry], title: str) -> Table:
+    """The widest layout whose rows fit the terminal on one line each; the compact one under COMPACT_BELOW."""
+    layouts = ["compact"] if compact() else ["wide", "medium", "compact"]
+    for layout in layouts:
+        table = _list_layout(entries, title, layout)
+        if layout == "compact" or fits(table):
+            break
+    return table
+
+
+def _list_layout(entries: Sequence[Entry], title: str, layout: str) -> Table:
+    from rich.table import Table
+
+    from prescreen.decision import is_observed_oom
+
+    narrow = layout == "compact"
+    table = Table(title=markup(title))
+    cols = LIST_COLUMNS[layout]
+    rows = [{
+        "key": e.key[:COMPACT_KEY_CHARS if narrow else KEY_CHARS], "kernel": e.kernel, "shape family": _family(e),
+        "device": e.parts.device_kind if narrow else f"{e.parts.device_kind} {format_bytes(e.parts.total_memory)}",
+        "ratio": f"{e.parts.ratio:g}",
+        "decision": "fallback!" if is_observed_oom(e.decision) else e.decision.action if e.decision.bounded
+        else "fallback*",
+        "estimated": format_bytes(e.decision.estimated_bytes), "budget": format_bytes(e.decision.budget_bytes),
+        "why": _short(e, layout != "wide"), "created": _age(e.created_at), "hits": str(e.hits),
+    } for e in entries]
+    fill(table, cols, rows, narrow, wrapping=("shape family", "why"))
+    return table
+
+
+@click.command()
+@click.argument("key", required=False)
+@filter_options
+@click.option("--verify", is_flag=True, help="Recompute each shown decision and compare it with the stored one.")
+@click.option("--json", "as_json", is_flag=True, help="Print the entries as JSON.")
+@click.pass_obj
+def inspect(obj: StoreOpener, key: str | None, key_prefix: str | None, kernel: str | None, device: str | None,
+            decision: str | None, older_than: str | None, verify: bool, as_json: bool) -> None:
+    """List stored decisions, or show the entry KEY (a prefix is enough) in full with its per-group chart."""
+    from prescreen.decision import is_observed_oom
+
+    chosen = selection(key_prefix, kernel, device, decision, older_than)
+    store = obj.store(writable=False)
+    if verify:
+        from prescreen.store.verify import verify_entry
+
+        shown = [_one(store, key)] if key else [e for e in store.entries() if chosen(e)]
+        stale = [e for e in shown if not verify_entry(e)]
+        for e in stale:
+            err().print(f"[bold red]mismatch:[/] {markup(e.key[:KEY_CHARS])} {markup(e.kernel)}: stored decision "
+                        "differs from a fresh computation", highlight=False)
+        out().print(f"verified {len(shown)} entries: {len(shown) - len(stale)} identical to a fresh computation")
+        if stale:
+            sys.exit(1)
+        return
+    if key:
+        entry = _one(store, key)
+        if as_json:
+            click.echo(json.dumps(entry.to_payload(), indent=2))
+            return
+        from prescreen.report import bar_chart
+
+        console = out()
+        console.print(_entry_table(entry))
+        console.print(bar_chart(entry, width=console.width))
+        return
+    entries = sorted((e for e in store.entries() if chosen(e)), key=lambda e: e.created_at)
+    if as_json:
+        click.echo(json.dumps([e.to_payload() for e in entries], indent=2))
+        return
+    console = out()
+    console.print(_list_table(entries, f"{len(entries)} decisions in {store.backend} store {store.location}"))
+    if any(not e.decision.bounded for e in entries):
+        console.print("* not bounded: the footprint could not be estimated, so the benchmark is skipped (fail closed)")
+    if any(is_observed_oom(e.decision) for e in entries):
+        console.print("! observed_oom: the benchmark ran out of memory here once; never retried "
+                      "(`prescreen clear --observed` forgets it)")
+
+
+@click.command()
+@filter_options
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Write an HTML page: a chart and the numbers per fallback.")
+@click.option("--png", "png_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Write the charts as one PNG (needs matplotlib: pip install 'prescreen[plot]').")
+@click.pass_obj
+def report(obj: StoreOpener, key_prefix: str | None, kernel: str | None, device: str | None, decision: str | None,
+           older_than: str | None, html_path: str | None, png_path: str | None) -> None:
+    """Chart every fallback in the store (per-group bytes against the budget) for a deployment review.
+
+    Without --html or --png the charts are drawn in the terminal. --decision tune charts the tuned entries instead.
+    """
+    from prescreen.report import bar_chart, write_html, write_png
+
+    chosen = selection(key_prefix, kernel, device, decision or "fallback", older_than)
+    store = obj.store(writable=False)
+    entries = sorted((e for e in store.entries() if chosen(e)), key=lambda e: -(e.decision.estimated_bytes or 0))
+    console = out()
+    if html_path:
+        n = write_html(entries, html_path, f"prescreen: {decision or 'fallback'} decisions in {store.location}")
+        console.print(f"wrote {n} entries to {markup(html_path)}", highlight=False)
+    if png_path:
+        n = write_png(entries, png_path)
+        console.print(f"wrote {n} entries to {markup(png_path)}", highlight=False)
+    if html_path or png_path:
+        return
+    if not entries:
+        console.print(f"no {decision or 'fallback'} decisions in {markup(store.location)}")
+    for e in entries:
+        console.rule(markup(f"{e.key[:KEY_CHARS]} {e.kernel}"), style="dim")
+        console.print(bar_chart(e, width=console.width))
+
+
+@click.command()
+@click.option("--all", "everything", is_flag=True, help="Remove every entry.")
+@filter_options
+@click.option("--observed", is_flag=True,
+              help="Only fallbacks stored after a real out-of-memory error (observed_oom, shown as fallback!).")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_obj
+def clear(obj: StoreOpener, everything: bool, key_prefix: str | None, kernel: str | None, device: str | None,
+          decision: str | None, older_than: str | None, observed: bool, yes: bool) -> None:
+    """Remove stored decisions: all, or those the filters select (the filters of inspect)."""
+    from prescreen.decision import is_observed_oom
+
+    if observed and everything:
+        raise ConfigError("--all cannot be combined with --observed")
+    filtered = any(v is not None for v in (key_prefix, kernel, device, decision, older_than))
+    base = selection(key_prefix, kernel, device, decision, older_than, required=not observed or filtered,
+                     everything=everything)
+    chosen = (lambda e: is_observed_oom(e.decision) and base(e)) if observed else base
+    store = obj.store()
+    doomed = [e for e in store.entries() if chosen(e)]
+    console = out()
+    if not doomed and not (everything and store.stats().entries):  # --all also removes invalid values
+        console.print("nothing to remove")
+        return
+    if not yes and not click.confirm(f"Remove {len(doomed)} entries from {visible(store.location)}?", default=False):
+        console.print("aborted; nothing removed")
+        return
+    removed = store.clear_all() if everything else store.delete([e.key for e in doomed])
+    for e in doomed:
+        console.print(markup(f"removed {e.key[:KEY_CHARS]} {e.kernel} ({e.decision.action})"), highlight=False)
+    console.print(f"{removed} entries removed")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
+@click.pass_obj
+def stats(obj: StoreOpener, as_json: bool) -> None:
+    """Entries, size on disk, hit rate, location and backend of the store."""
+    store = obj.store(writable=False)
+    s = store.stats()
+    entries = list(store.entries())
+    stored_hits = sum(e.hits for e in entries)
+    lookups = stored_hits + s.entries  # every entry was computed once (a miss), then reused stored_hits times
+    counts = {"tune": sum(e.decision.action == "tune" for e in entries),
+              "fallback": sum(e.decision.action == "fallback" for e in entries)}
+    if as_json:
+        click.echo(json.dumps({
+            "backend": s.backend, "location": s.location, "entries": s.entries, "size_bytes": s.size_bytes,
+            "tune": counts["tune"], "fallback": counts["fallback"], "hits": stored_hits,
+            "hit_rate": round(stored_hits / lookups, 6) if lookups else None, "healthy": s.healthy,
+            "detail": s.detail,
+        }, indent=2))
+        return
+    from rich.table import Table
+
+    table = Table(show_header=False, title="prescreen store")
+    table.add_column("field", style="bold", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    for field, value in (
+        ("backend", s.backend), ("location", s.location), ("entries", str(s.entries)),
+        ("decisions", f"{counts['tune']} tune, {counts['fallback']} fallback"),
+        ("size", format_bytes(s.size_bytes)),
+        ("hits", str(stored_hits)),
+        ("hit rate", f"{stored_hits / lookups:.1%} (hits / (hits + entries computed))" if lookups else "-"),
+        ("healthy", str(s.healthy)), ("detail", s.detail or "-"),
+    ):
+        table.add_row(field, markup(value))
+    out().print(table)
+
+
+@click.command("export")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.pass_obj
+def export_cmd(obj: StoreOpener, path: str) -> None:
+    """Write every stored decision to a versioned JSON bundle at PATH."""
+    from prescreen.store.bundle import export_bundle
+
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ConfigError(f"cannot write bundle {path!r}: no directory {parent!r}")
+    store = obj.store(writable=False)
+    try:
+        count = export_bundle(store, path)
+    except OSError as exc:
+        raise ConfigError(f"cannot write bundle {path!r}: {exc.strerror or exc}") from None
+    out().print(f"exported {count} entries to {markup(path)}", highlight=False)
+
+
+@click.command("import")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.pass_obj
+def import_cmd(obj: StoreOpener, path: str) -> None:
+    """Load a bundle made by 'prescreen export' (every entry validated; another schema is refused)."""
+    from prescreen.store.bundle import import_bundle
+
+    store = obj.store()
+    try:
+        imported, skipped = import_bundle(store, path)
+    except OSError as exc:
+        raise ConfigError(f"cannot read bundle {path!r}: {exc.strerror or exc}") from None
+    out().print(f"imported {imported} entries from {markup(path)} ({skipped} already present or skipped)",
+                highlight=False)
+
+
+@click.command("load")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.pass_obj
+def load_cmd(obj: StoreOpener, path: str) -> None:
+    """Put an artifact made by 'prescreen warm --artifact' in place: its decisions and torch's compile caches.
+
+    Everything in it is checked before anything is changed. Its torch part is compiled code (like a model
+    file): load only artifacts you built or trust.
+    """
+    from prescreen.artifact import load
+
+    store = obj.store()
+    loaded = load(path, store)
+    out().print(markup(loaded.summary()), highlight=False)
+
+
+
+#: The commands this module adds to the group.
+COMMANDS = (inspect, report, clear, stats, export_cmd, import_cmd, load_cmd)
