@@ -51,7 +51,6 @@ bench: install
 	$(VPY) -P bench/bench_estimate.py
 	$(VPY) -P bench/bench_vs_upstream.py
 	$(VPY) -P bench/bench_store.py
-	$(VPY) -P bench/bench_first_lookup.py
 	$(VPY) -P bench/bench_cold_lookup.py
 	$(VPY) -P bench/bench_hooks.py
 

@@ -1,23 +1,16 @@
-"""A store hit as a compile meets it: with the CPU caches cold, not in a tight loop.
+"""A store hit as a compile meets it: with the CPU caches cold, not in a tight loop, and SQLite's memory map.
 
 Inside a compile, prescreen's lookups are a few calls between long stretches of
 Inductor's own work, so their code and data are no longer in the CPU caches.
-On the H200 host a hit took 0.26 to 0.48 ms there, against about 50 us for the
-same kind of plan in ``bench_store``'s loop. This bench reproduces that on any
-machine: before each timed call it evicts the caches (it touches 64 MiB, runs a
-matmul and some unrelated Python), then times one call. Every row is timed both
-ways in the same run, interleaved, and the ratio is printed.
-
-Plans: a runtime-autotuning step's (one cloned argument, the L2-flush buffer and
-the slack, all concrete) and ``bench_store``'s mid plan (16 args x 81 groups).
-Rows: the whole first lookup of the plan in the process (``lookup_or_decide``,
-memos emptied, the store warm), and its pieces: the key, the store read and the
-entry's decode; then diskcache's own ``Cache.get`` against the read prescreen
-makes (``FastOpenCache.get_text``), the head line a hit parses now against
-the whole entry's fields, and one row's read right after another connection
-committed (as the background writer does between a compile's lookups), of a
-row that connection has not read before (as a compile's new keys are), with
-SQLite's memory map on (diskcache's 64 MiB) and off (prescreen's store).
+This bench evicts the caches before each timed call (it touches 64 MiB, runs a
+matmul and some unrelated Python), then times one call; every row is timed hot
+and cold, interleaved. Plans: a runtime-autotuning step's (one cloned argument,
+the L2-flush buffer and the slack, all concrete) and ``bench_store``'s mid plan
+(16 args x 81 groups). Rows: a lookup (``lookup_or_decide``, the store warm)
+and its pieces (the key, the store's read, the entry's decode); then one row's
+read right after another connection committed, of a row that connection has
+not read before (as a compile's new keys are), with SQLite's memory map on
+(diskcache's 64 MiB) and off (prescreen's ``SQLITE_MMAP_SIZE``).
 
 Run: ``python bench/bench_cold_lookup.py [--samples 300]``.
 """
@@ -25,7 +18,6 @@ Run: ``python bench/bench_cold_lookup.py [--samples 300]``.
 from __future__ import annotations
 
 import argparse
-import json
 import sqlite3
 import statistics
 import sys
@@ -41,13 +33,12 @@ from diskcache.core import DBNAME, DEFAULT_SETTINGS
 
 from prescreen.budget import Budget
 from prescreen.expr import Const
-from prescreen.key import build_key, forget_plan_hashes
+from prescreen.key import build_key
 from prescreen.plan import KernelPlan, TensorArg, WorkspaceArg
-from prescreen.service import forget, lookup_or_decide
+from prescreen.service import lookup_or_decide
 from prescreen.store import DiskStore
 from prescreen.store.disk import SQLITE_MMAP_SIZE
-from prescreen.store.entry import Entry, parse_json
-from prescreen.store.textdisk import SELECT_VALUE
+from prescreen.store.entry import Entry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_store  # noqa: E402 - the mid plan, as bench_store builds it
@@ -97,22 +88,10 @@ def measure(store: DiskStore, plans: list[KernelPlan], budget: Budget, n: int) -
         lookup_or_decide(p, budget, store)
     keys = [build_key(p, budget)[0] for p in plans]
     texts = [str(store._read(k)) for k in keys]
-    heads = [t.partition("\n")[0] for t in texts]
-    every = [json.dumps(Entry.from_json(t, k).to_payload(), sort_keys=True, separators=(",", ":"))
-             for t, k in zip(texts, keys)]
     assert store._cache is not None
     cache = store._cache
 
-    def fresh(i: int) -> KernelPlan:
-        """Plan i % 64 with nothing remembered of it: a first lookup."""
-        forget_plan_hashes()
-        forget(store)
-        return plans[i % 64]
-
-    def known(i: int) -> int:
-        """Index i % 64, the key's parts known to the process (a read and a decode follow the key step)."""
-        forget_plan_hashes()
-        build_key(plans[i % 64], budget)
+    def index(i: int) -> int:
         return i % 64
 
     # Rows no connection has read yet (as a compile's new keys are), one per sample and reader: the rows a
@@ -128,20 +107,17 @@ def measure(store: DiskStore, plans: list[KernelPlan], budget: Budget, n: int) -
         con.execute(f"PRAGMA mmap_size={size}")
 
     def committed(i: int) -> None:
-        """Another connection commits (as the background writer does between two lookups)."""
+        """Another connection commits (another process's put, between two lookups)."""
         writer_con.execute("INSERT OR REPLACE INTO Settings VALUES ('bench.commit', ?)", (i,))
 
     def read_with(size: int) -> Callable[[None], object]:
-        return lambda _: readers[size].execute(SELECT_VALUE, (next(fresh_keys[size]), time.time())).fetchone()
+        return lambda _: readers[size].execute("SELECT value FROM Cache WHERE key = ?", (next(fresh_keys[size]),)).fetchone()
 
     return [
-        ("first lookup (key + read + decode + service)", timed(lambda p: lookup_or_decide(p, budget, store), fresh, n)),
-        ("  key (canonical text, 3 sha256)", timed(lambda p: build_key(p, budget), fresh, n)),
-        ("  store read (get_text)", timed(lambda i: cache.get_text(keys[i]), known, n)),
-        ("  decode (head line, lazy)", timed(lambda i: Entry.from_json(texts[i], keys[i], lazy=True), known, n)),
-        ("diskcache Cache.get (same row)", timed(lambda i: cache.get(keys[i]), known, n)),
-        ("parse the head line (what a hit parses)", timed(lambda i: parse_json(heads[i]), lambda i: i % 64, n)),
-        ("parse every field but the plan", timed(lambda i: parse_json(every[i]), lambda i: i % 64, n)),
+        ("lookup (key + read + decode + service)", timed(lambda i: lookup_or_decide(plans[i], budget, store), index, n)),
+        ("  key", timed(lambda i: build_key(plans[i], budget), index, n)),
+        ("  store read (diskcache get, bounded)", timed(lambda i: cache.get(keys[i]), index, n)),
+        ("  decode", timed(lambda i: Entry.from_json(texts[i], keys[i]), index, n)),
         ("new row after a commit, SQLite mmap 64 MiB", timed(read_with(DISKCACHE_MMAP), committed, n)),
         ("new row after a commit, mmap off (prescreen)", timed(read_with(SQLITE_MMAP_SIZE), committed, n)),
     ]
@@ -167,16 +143,10 @@ def main() -> None:
             print(f"{case:13} {what:48} {t['hot']:8.1f} {t['cold']:8.1f} {t['cold'] / t['hot']:8.1f}x")
     for case, found in rows.items():
         by = {what.strip(): t for what, t in found}
-        get, mine = by["diskcache Cache.get (same row)"], by["store read (get_text)"]
-        head, every = by["parse the head line (what a hit parses)"], by["parse every field but the plan"]
         mapped = by["new row after a commit, SQLite mmap 64 MiB"]
         unmapped = by["new row after a commit, mmap off (prescreen)"]
-        print(f"{case}: diskcache get / get_text = {get['hot'] / mine['hot']:.2f}x hot, "
-              f"{get['cold'] / mine['cold']:.2f}x cold; every field / the head line = "
-              f"{every['hot'] / head['hot']:.2f}x hot, {every['cold'] / head['cold']:.2f}x cold; "
-              f"after a commit, mmap on / off = {mapped['hot'] / unmapped['hot']:.2f}x hot, "
+        print(f"{case}: after a commit, mmap on / off = {mapped['hot'] / unmapped['hot']:.2f}x hot, "
               f"{mapped['cold'] / unmapped['cold']:.2f}x cold")
-
 
 if __name__ == "__main__":
     main()

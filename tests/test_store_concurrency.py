@@ -108,7 +108,6 @@ def test_a_lookups_hit_counts_are_written_at_close(tmp_path: Path) -> None:
     """Hit counts are statistics: a lookup never writes them (no commit on a decision's read); close does."""
     with DiskStore(tmp_path) as store:
         outcome = lookup_or_decide(make_plan(12), BUDGET, store)
-        store._hits.flushed_at = 0.0  # long due
         writes: list[int] = []
         real = store.flush_hits
         store.flush_hits = lambda: (writes.append(1), real())[-1]  # type: ignore[method-assign]

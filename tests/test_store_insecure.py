@@ -20,8 +20,7 @@ from prescreen.cli import cli
 from prescreen.decision import decide
 from prescreen.errors import ConfigError
 from prescreen.service import lookup_or_decide
-from prescreen.store import DiskStore
-from prescreen.store import secure as secure_module
+from prescreen.store import DiskStore, trust
 
 OTHER_UID = 4242
 
@@ -35,7 +34,7 @@ def foreign(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path], None]:
             os.chown(path, OTHER_UID, OTHER_UID, follow_symlinks=False)
         else:
             real = os.geteuid()
-            monkeypatch.setattr(secure_module, "current_uid", lambda: real + 1)
+            monkeypatch.setattr(trust, "current_uid", lambda: real + 1)
 
     return make
 

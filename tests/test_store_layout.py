@@ -292,40 +292,20 @@ def _with_line(text: str, index: int, line: str) -> str:
     return "\n".join(lines)
 
 
-def _lookup_only(hostile: str, key: str) -> Entry:
-    """What a lookup decodes of ``hostile``, after checking that both full decodes refuse it."""
-    with pytest.raises(InvalidEntry):
-        Entry.from_json(hostile)
-    with pytest.raises(InvalidEntry):
-        Entry.from_json(hostile, key)
-    return Entry.from_json(hostile, key, lazy=True)
-
-
-def _counting(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> list[object]:
-    """The calls of ``module.name`` from now on (each one's arguments), the function still doing its work."""
-    calls: list[object] = []
-    real = getattr(module, name)
-    monkeypatch.setattr(module, name, lambda *args: calls.append(args) or real(*args))
-    return calls
-
-
-def test_a_lookup_decodes_the_details_on_first_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Schemas 4 and 5: a lookup parses the head line only; the per-group bytes are decoded when first read."""
-    from prescreen import decision as decision_module
-
-    plan = make_plan(SEED)
-    decodes = _counting(monkeypatch, decision_module, "_decode_details")
+def _refused_everywhere(tmp_path: Path, entry: Entry, hostile: str) -> None:
+    """Every decode refuses ``hostile``; stored under the entry's key it is a miss, and a lookup computes the
+    decision afresh and replaces it (a put replaces an invalid value)."""
+    for key in (None, entry.key):
+        with pytest.raises(InvalidEntry):
+            Entry.from_json(hostile, key)
     with DiskStore(tmp_path) as store:
-        lookup_or_decide(plan, BUDGET, store)
-        key = build_key(plan, BUDGET)[0]
-        looked = store.lookup(key)
-        assert looked is not None and looked.decision.tune == decide(plan, BUDGET).tune and decodes == []
-        full = store.get(key)  # ``get`` (inspect) decodes everything at once
-        assert full is not None and decodes == []
-        assert looked.decision.group_bytes == full.decision.group_bytes == decide(plan, BUDGET).group_bytes
-        assert len(decodes) == 1
-        assert looked.decision.dominant_arg == full.decision.dominant_arg and len(decodes) == 1  # decoded once
-        assert looked.decision == full.decision == decide(plan, BUDGET)
+        assert store._cache is not None
+        store._cache.set(entry.key, hostile)
+        assert store.lookup(entry.key) is None and list(store.entries()) == []
+        outcome = lookup_or_decide(make_plan(SEED), BUDGET, store)
+        assert not outcome.hit and outcome.decision == entry.decision
+        assert store._cache.get(entry.key) != hostile
+        assert [e.decision for e in store.entries()] == [entry.decision]
 
 
 BAD_DETAILS = {
@@ -355,62 +335,27 @@ def _bad_details(name: str, genuine: str) -> str:
 
 
 @pytest.mark.parametrize("name", sorted(BAD_DETAILS))
-def test_bad_details_read_as_empty_on_a_hit_and_invalid_everywhere_else(
-    tmp_path: Path, name: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The verdict a hit uses is checked in full; details that do not hold read as empty there, and every
-    path that decodes them (``get``, listings, ``inspect --verify``, imports) refuses the entry."""
+def test_bad_details_are_invalid_everywhere(tmp_path: Path, name: str) -> None:
     entry = make_entry(SEED)
     text = entry.to_json()
-    hostile = _with_line(text, 1, _bad_details(name, text.split("\n")[1]))
-    looked = _lookup_only(hostile, entry.key)
-    assert looked.decision.tune == entry.decision.tune and looked.decision.reason == entry.decision.reason
-    assert (looked.decision.group_bytes, looked.decision.dominant_arg) == ((), None)
-    with DiskStore(tmp_path) as store, caplog.at_level(logging.WARNING, logger="prescreen.store"):
-        assert store._cache is not None
-        store._cache.set(entry.key, hostile)
-        assert store.get(entry.key) is None and list(store.entries()) == []
-        outcome = lookup_or_decide(make_plan(SEED), BUDGET, store)
-        assert outcome.hit and outcome.decision.tune == entry.decision.tune
-    result = CliRunner().invoke(cli, ["--cache-dir", str(tmp_path), "inspect", "--verify"])
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
-
-
-def test_a_lookup_reads_the_record_on_first_access(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Schema 5: a hit parses the head line only; its key parts are the ones the caller digested into the key,
-    and the kernel, family and provenance are decoded when first read."""
-    from prescreen.store import entry as entry_module
-
-    plan = make_plan(SEED)
-    decodes = _counting(monkeypatch, entry_module, "_decode_record")
-    with DiskStore(tmp_path) as store:
-        lookup_or_decide(plan, BUDGET, store)
-        key, parts = build_key(plan, BUDGET)
-        looked = store.lookup(key)
-        assert looked is not None and looked.parts is parts and looked.decision.tune and decodes == []
-        full = store.get(key)
-        assert full is not None and decodes == []  # ``get`` decodes every line at once
-        assert (looked.kernel, looked.family, looked.host) == (full.kernel, full.family, full.host)
-        assert len(decodes) == 1
-        assert looked.with_hits(0) == full.with_hits(0) and len(decodes) == 1  # decoded once
-        assert looked.to_json() == full.with_hits(0).to_json()  # a lookup's entry writes the same text
+    _refused_everywhere(tmp_path, entry, _with_line(text, 1, _bad_details(name, text.split("\n")[1])))
 
 
 BAD_RECORDS = {
-    "not-json": ("{", True),
-    "deep": ("[" * 5000 + "]" * 5000, True),
-    "not-an-object": ("[]", True),
-    "host-missing": ("drop:host", True),
-    "pid-a-bool": ("set:pid:true", True),
-    "created_at-a-string": ('set:created_at:"now"', True),
-    "family-a-list": ("set:family:[1]", True),
-    "parts-of-another-plan": ('set:parts:{"plan_hash":"00"}', False),  # a hit uses the caller's parts
-    "a-head-field-again": ('set:key:"00"', False),
+    "not-json": "{",
+    "deep": "[" * 5000 + "]" * 5000,
+    "not-an-object": "[]",
+    "host-missing": "drop:host",
+    "pid-a-bool": "set:pid:true",
+    "created_at-a-string": 'set:created_at:"now"',
+    "family-a-list": "set:family:[1]",
+    "parts-of-another-plan": 'set:parts:{"plan_hash":"00"}',
+    "a-head-field-again": 'set:key:"00"',
 }
 
 
 def _bad_record(name: str, genuine: str) -> str:
-    how, _ = BAD_RECORDS[name]
+    how = BAD_RECORDS[name]
     if ":" not in how:
         return how
     found = json.loads(genuine)
@@ -423,37 +368,10 @@ def _bad_record(name: str, genuine: str) -> str:
 
 
 @pytest.mark.parametrize("name", sorted(BAD_RECORDS))
-def test_a_bad_record_serves_a_hit_and_is_invalid_everywhere_else(tmp_path: Path, name: str) -> None:
-    """The verdict a hit uses is checked in full; a record line that does not hold reads as empty there (kernel
-    "", family None, no provenance), and every path that decodes it (``get``, listings, imports) refuses it."""
+def test_a_bad_record_is_invalid_everywhere(tmp_path: Path, name: str) -> None:
     entry = make_entry(SEED)
     text = entry.to_json()
-    hostile = _with_line(text, 2, _bad_record(name, text.split("\n")[2]))
-    looked = _lookup_only(hostile, entry.key)
-    assert looked.decision == entry.decision and looked.parts == entry.parts
-    reads_empty = BAD_RECORDS[name][1]
-    expected = ("", None, 0, "") if reads_empty else (entry.kernel, entry.family, entry.pid, entry.host)
-    assert (looked.kernel, looked.family, looked.pid, looked.host) == expected
-    with DiskStore(tmp_path) as store:
-        assert store._cache is not None
-        store._cache.set(entry.key, hostile)
-        assert store.get(entry.key) is None and list(store.entries()) == []
-        outcome = lookup_or_decide(make_plan(SEED), BUDGET, store)
-        assert outcome.hit and outcome.decision == entry.decision
-    result = CliRunner().invoke(cli, ["--cache-dir", str(tmp_path), "inspect", "--verify"])
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
-
-
-def test_a_lookup_under_a_key_this_process_did_not_digest_decodes_every_line() -> None:
-    """Without the caller's parts (its key memo emptied), a lookup checks the stored parts against the key."""
-    entry = make_entry(SEED)
-    text = entry.to_json()
-    forged = _with_line(text, 2, _bad_record("parts-of-another-plan", text.split("\n")[2]))
-    forget_plan_hashes()
-    with pytest.raises(InvalidEntry):
-        Entry.from_json(forged, entry.key, lazy=True)
-    looked = Entry.from_json(text, entry.key, lazy=True)
-    assert looked == entry and looked._record is None
+    _refused_everywhere(tmp_path, entry, _with_line(text, 2, _bad_record(name, text.split("\n")[2])))
 
 
 @pytest.mark.parametrize("schema", ["5.0", "true"])
@@ -461,7 +379,6 @@ def test_a_schema_that_only_equals_the_current_one_is_refused_by_every_decode(sc
     """``5.0 == 5`` in Python, but the schema is an exact int: a lookup and a full decode agree on refusing it."""
     entry = make_entry(SEED)
     text = entry.to_json().replace(f'"schema_version":{SCHEMA_VERSION}', f'"schema_version":{schema}', 1)
-    for decode in (lambda: Entry.from_json(text), lambda: Entry.from_json(text, entry.key),
-                   lambda: Entry.from_json(text, entry.key, lazy=True)):
+    for decode in (lambda: Entry.from_json(text), lambda: Entry.from_json(text, entry.key)):
         with pytest.raises(InvalidEntry, match="schema"):
             decode()

@@ -28,7 +28,7 @@ from prescreen.errors import ConfigError
 from prescreen.service import lookup_or_decide
 from prescreen.store import DiskStore, RedisStore, Store, export_bundle, import_bundle, verify_entry
 from prescreen.store.entry import Entry
-from prescreen.store.signing import SIGNING_KEY_ENV, SIGNING_KEY_FILE_ENV, Signer, signer_from_env
+from prescreen.store.trust import SIGNING_KEY_ENV, SIGNING_KEY_FILE_ENV, Signer, signer_from_env
 
 SECRET = "correct horse battery staple 42"
 SEED = 17

@@ -13,7 +13,7 @@ from prescreen.budget import Budget
 from prescreen.plan import KernelPlan
 from prescreen.service import lookup_or_decide
 from prescreen.store.entry import Entry
-from prescreen.store.signing import canonical
+from prescreen.store.trust import canonical
 
 DTYPES = ("torch.float16", "torch.float32", "torch.bfloat16", "torch.int8")
 BUDGET = Budget("npu", 16 * 2**30, 0.25)

@@ -12,7 +12,7 @@ import os
 from typing import TYPE_CHECKING
 
 from prescreen.errors import ConfigError
-from prescreen.store.base import Store, StoreStats
+from prescreen.store.base import NullStore, Store, StoreStats
 from prescreen.store.bundle import export_bundle, import_bundle
 from prescreen.store.clear import (
     Predicate,
@@ -26,7 +26,6 @@ from prescreen.store.clear import (
 )
 from prescreen.store.disk import DiskStore, default_cache_dir, resolve_size_limit
 from prescreen.store.entry import Entry, InvalidEntry
-from prescreen.store.null import NullStore
 from prescreen.store.tiered import TieredStore
 from prescreen.store.verify import verify_entry
 

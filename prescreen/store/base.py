@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from prescreen.store.entry import Entry, InvalidEntry, UnsignedEntry, read_stored
-from prescreen.store.signing import Signer, signer_from_env
+from prescreen.store.trust import Signer, signer_from_env
 
 log = logging.getLogger("prescreen.store")
 
@@ -76,13 +76,11 @@ class Store(abc.ABC):
             self._warned.add(what)
         log.warning("prescreen %s store at %s: %s (%s); treating as a miss", self.backend, self.location, what, exc)
 
-    def decode(self, key: str, raw: object, *, warn: bool = True, lazy: bool = False) -> Entry | None:
+    def decode(self, key: str, raw: object, *, warn: bool = True) -> Entry | None:
         """The valid entry in a stored value (JSON text), or None with one warning per kind of fault.
 
         With a signing key, an entry whose signature is refused is served where it is stricter than
         ``tune`` (``entry.read_stored``: a signature is what it takes to loosen), with one warning.
-        ``lazy``: a lookup's decode, whose decision's details and record are decoded on first access
-        (``Entry.from_json``).
         """
         if raw is None:
             return None
@@ -92,7 +90,7 @@ class Store(abc.ABC):
                 if why is not None:
                     raise InvalidEntry(str(why))
                 raise InvalidEntry(f"value is a {type(raw).__name__}, not JSON text")
-            entry, unverified = read_stored(raw, key, self.signer, lazy=lazy)
+            entry, unverified = read_stored(raw, key, self.signer)
         except InvalidEntry as exc:
             if warn:
                 if isinstance(exc, UnsignedEntry):
@@ -164,3 +162,34 @@ class Store(abc.ABC):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class NullStore(Store):
+    """The store when caching is switched off (``PRESCREEN_CACHE=0``): every get misses, every put is refused."""
+
+    backend = "off"
+
+    def __init__(self, location: str = "disabled", detail: str = "caching is switched off") -> None:
+        super().__init__()
+        self.location = location
+        self.detail = detail
+
+    def get(self, key: str) -> Entry | None:
+        self.misses += 1
+        return None
+
+    @property
+    def writable(self) -> bool:
+        return False
+
+    def put(self, entry: Entry) -> bool:
+        return False
+
+    def entries(self) -> Iterator[Entry]:
+        return iter(())
+
+    def delete(self, keys: list[str]) -> int:
+        return 0
+
+    def stats(self) -> StoreStats:
+        return StoreStats(self.backend, self.location, 0, None, self.hits, self.misses, True, self.detail)

@@ -13,14 +13,14 @@ default 0.5 s, retried with backoff for up to ``write_wait`` seconds, default 5)
 so contention between processes loses no write; a write still locked after that,
 or a full disk, pauses writes (other faults: reads too) for ``cooldown`` seconds,
 except an observed-OOM fact's, which is never paused (``put``); a read-only
-directory serves reads through ``ReadOnlyCache``; a corrupt ``cache.db`` is
+directory serves reads through ``textdisk.ReadOnlyCache``; a corrupt ``cache.db`` is
 moved aside and its valid entries salvaged (``recovery``); a directory that
 cannot be opened at all makes a no-op store that retries after ``cooldown``.
 Each kind of fault is warned about once; none raises.
 
 Trust: the directory is created 0700 and ``cache.db`` 0600 whatever the
 umask; a directory (or one above it) owned by another user or writable by
-group or others is refused for the store's lifetime (``secure``): one
+group or others is refused for the store's lifetime (``trust``): one
 warning, every lookup a miss, ``stats`` unhealthy, so the CLI exits 2. So is
 one reached through a symlink another user owns. The location is fixed when
 the store opens (``fixed_location``: a relative directory is made absolute
@@ -51,7 +51,6 @@ from prescreen.errors import ConfigError
 from prescreen.store.base import Store, StoreStats, log
 from prescreen.store.entry import Entry, outranks
 from prescreen.store.faults import Fault, classify
-from prescreen.store.readonly import ReadOnlyCache
 from prescreen.store.recovery import (
     LOCK_NAME,
     flock_within,
@@ -62,7 +61,8 @@ from prescreen.store.recovery import (
     remove_orphans,
     salvage,
 )
-from prescreen.store.secure import (
+from prescreen.store.textdisk import BoundedOpenCache, Missing, ReadOnlyCache, TextDisk
+from prescreen.store.trust import (
     InsecureDirectory,
     check_directory,
     check_owned_file,
@@ -70,7 +70,6 @@ from prescreen.store.secure import (
     private_directory,
     value_file,
 )
-from prescreen.store.textdisk import FastOpenCache, Missing, TextDisk
 
 CACHE_DIR_ENV = "PRESCREEN_CACHE_DIR"
 SIZE_LIMIT_ENV = "PRESCREEN_CACHE_SIZE_LIMIT"
@@ -79,17 +78,12 @@ DEFAULT_TIMEOUT = 0.5
 DEFAULT_COOLDOWN = 30.0
 DEFAULT_WRITE_WAIT = 5.0  # how long a put retries through a locked database before it gives up
 HITS_PREFIX = "hits:"
-HIT_FLUSH_SECONDS = 30.0  # hit counts are statistics: written by ``get`` this often, and on close, stats and exit
 #: SQLite memory-maps no part of the database (diskcache maps 64 MiB): right after another connection
 #: committed (another process), reading a row not read before through
 #: the map cost 1.3x to 4.9x a read into SQLite's own page cache with the CPU caches cold, 2x to 4x hot
-#: (``bench/bench_cold_lookup.py``). A per-connection pragma, kept in the cache's Settings table, so every
+#: (measured by the retired bench/bench_cold_lookup.py). A per-connection pragma, kept in the cache's Settings table, so every
 #: connection that opens the directory uses it.
 SQLITE_MMAP_SIZE = 0
-#: How often a reader checks that cache.db is still the file it opened (a stat, about 1 to 10 us): before every
-#: read, so a database renamed into place (a recovery, a copy) is what the next lookup reads.
-MOVE_CHECK_SECONDS = 0.0
-KEY_ROWS = "SELECT key, filename FROM Cache WHERE raw = 1"
 MAX_HITS = 2**62  # counters saturate here, far inside SQLite's 64-bit integers
 NAME_MAX, PATH_MAX = 255, 4096  # bytes in a path component, in a whole path (Linux)
 RECOVERY_WAIT = 10.0  # how long a recovering process waits for another one's recovery (openers: ``timeout``)
@@ -98,21 +92,20 @@ RECOVERY_WAIT = 10.0  # how long a recovering process waits for another one's re
 class _HitBuffer:
     """Hit counts not yet written, and the open cache to write them to.
 
-    Held apart from the store so that a ``weakref.finalize`` can flush it both
-    when the store is garbage-collected and at interpreter exit, whichever
-    comes first: every hit counted in a process that exits normally is stored.
+    Counting a hit in the database on every read would cost a commit per read; counts are statistics, so
+    they are written on ``close``, ``stats``, ``entries`` and exit. Held apart from the store so that a
+    ``weakref.finalize`` can flush it both when the store is garbage-collected and at interpreter exit,
+    whichever comes first: every hit counted in a process that exits normally is stored.
     """
 
     def __init__(self) -> None:
         self.pending: collections.Counter[str] = collections.Counter()
         self.lock = threading.Lock()
-        self.cache: FastOpenCache | None = None
-        self.flushed_at = time.monotonic()
+        self.cache: BoundedOpenCache | None = None
 
     def take(self) -> collections.Counter[str]:
         with self.lock:
             pending, self.pending = self.pending, collections.Counter()
-            self.flushed_at = time.monotonic()
         return pending
 
     def final_flush(self) -> None:
@@ -198,13 +191,13 @@ def _is_entry_key(key: object) -> bool:
     return isinstance(key, str) and not key.startswith(HITS_PREFIX)
 
 
-def write_hits(cache: FastOpenCache, pending: collections.Counter[str]) -> None:
+def write_hits(cache: BoundedOpenCache, pending: collections.Counter[str]) -> None:
     """Add ``pending`` to the stored counters in one transaction; a counter that is not an integer restarts."""
     with cache.transact():
         for key, count in pending.items():
             if key in cache:
                 name = HITS_PREFIX + key
-                cache.set(name, min((hit_count(cache.get_text(name)) or 0) + count, MAX_HITS))
+                cache.set(name, min((hit_count(cache.get(name)) or 0) + count, MAX_HITS))
 
 
 class DiskStore(Store):
@@ -213,11 +206,11 @@ class DiskStore(Store):
     backend = "disk"
 
     @property
-    def _cache(self) -> FastOpenCache | None:
+    def _cache(self) -> BoundedOpenCache | None:
         return self._hits.cache
 
     @_cache.setter
-    def _cache(self, cache: FastOpenCache | None) -> None:
+    def _cache(self, cache: BoundedOpenCache | None) -> None:
         self._hits.cache = cache  # the finalizer writes pending hits to whatever is open
 
     def __init__(
@@ -252,14 +245,13 @@ class DiskStore(Store):
         self._lock = threading.RLock()
         self._lock_file: IO[str] | None = None
         self._db_id: tuple[int, int] | None = None
-        self._moves_checked_at = time.monotonic()
         weakref.finalize(self, self._hits.final_flush)  # on collection, or at exit if still alive
         self._open()
 
     # -- opening and faults -------------------------------------------------
 
-    def _new_cache(self) -> FastOpenCache:
-        return FastOpenCache(
+    def _new_cache(self) -> BoundedOpenCache:
+        return BoundedOpenCache(
             str(self.directory),
             open_timeout=max(self.timeout, 0.05),
             timeout=self.timeout,
@@ -374,7 +366,7 @@ class DiskStore(Store):
         detail = str(exc) or f"{type(exc).__name__} after {self.timeout:g} s"
         self.warn_once(fault.value, f"{detail}; pausing {'writes' if write else 'the store'} for {self.cooldown:g} s")
 
-    def _handle(self, write: bool, force: bool = False) -> FastOpenCache | ReadOnlyCache | None:
+    def _handle(self, write: bool, force: bool = False) -> BoundedOpenCache | ReadOnlyCache | None:
         """What an operation goes to; None while paused (``force``: a fact's write, never paused, and opening
         the store again where a failed open left it off for ``cooldown``, or ``close`` closed it: a fact this
         process kept is written at exit, after the hooks closed their store)."""
@@ -393,39 +385,25 @@ class DiskStore(Store):
     def _follow_moves(self, write: bool) -> None:
         """Reopen when ``cache.db`` is no longer the file this store opened (another process moved it aside).
 
-        Checked before every write (under the shared lock, so no recovery can
-        move it between the check and the write: an acknowledged put is in the
-        live database) and at most every ``MOVE_CHECK_SECONDS`` before a read.
+        Checked (a stat) before every read, so a database renamed into place (a recovery, a copy) is what the
+        next lookup reads, and before every write (under the shared lock, so no recovery can move it between
+        the check and the write: an acknowledged put is in the live database).
         """
         if self._cache is None:
             return
-        now = time.monotonic()
-        if not write and now - self._moves_checked_at < MOVE_CHECK_SECONDS:
-            return
-        self._moves_checked_at = now
         if _file_id(self._db_path) != self._db_id:
             with self._lock:
                 self._close_handles()
                 self._open()
 
-    def _read_handle(self) -> FastOpenCache | ReadOnlyCache | None:
-        """What a read goes to (``_follow_moves`` first): the open cache, the read-only one, or None (paused)."""
-        now = time.monotonic()
-        if now - self._moves_checked_at >= MOVE_CHECK_SECONDS:
-            self._follow_moves(False)
-        elif now >= self._reads_paused_until:
-            cache = self._hits.cache
-            if cache is not None:  # the common case, without ``_handle``'s steps
-                return cache
-        return self._handle(False)
-
-    def _run(self, write: bool, op: Callable[[FastOpenCache | ReadOnlyCache], T], default: T, *,
+    def _run(self, write: bool, op: Callable[[BoundedOpenCache | ReadOnlyCache], T], default: T, *,
              force: bool = False, wait: float = 0.0) -> T:
         """``op`` on the open cache, ``default`` on a fault. A write locked by another connection is tried again
         with backoff until ``wait`` seconds have passed (``op`` is one transaction: a locked one changed
         nothing); ``force``: even while writes are paused."""
         if not write:
-            handle = self._read_handle()
+            self._follow_moves(False)
+            handle = self._handle(False)
             if handle is None:
                 return default
             try:
@@ -486,7 +464,7 @@ class DiskStore(Store):
     # -- decoding -----------------------------------------------------------
 
     def _stored_hits(self, key: str) -> int:
-        value = self._run(False, lambda c: c.get_text(HITS_PREFIX + key), None)
+        value = self._run(False, lambda c: c.get(HITS_PREFIX + key), None)
         count = hit_count(value)
         if count is None and value is not None:
             self.warn_once("invalid hit counter", f"key {key[:12]}: {str(value)[:40]!r} counts as 0 and is reset")
@@ -495,7 +473,7 @@ class DiskStore(Store):
     # -- the Store interface ----------------------------------------------------
 
     def _read(self, key: str) -> object:
-        raw = self._run(False, lambda c: c.get_text(key), None)
+        raw = self._run(False, lambda c: c.get(key), None)
         if isinstance(raw, Missing):
             self._drop_missing(key, raw.filename)
         return raw
@@ -504,8 +482,8 @@ class DiskStore(Store):
         """Delete ``key``'s row if it still names ``filename`` and that file is still gone (a killed delete)."""
         path = value_file(str(self.directory), filename)
 
-        def drop(cache: FastOpenCache | ReadOnlyCache) -> None:
-            assert isinstance(cache, FastOpenCache)
+        def drop(cache: BoundedOpenCache | ReadOnlyCache) -> None:
+            assert isinstance(cache, BoundedOpenCache)
             with cache.transact():
                 row = cache._sql("SELECT filename FROM Cache WHERE key = ? AND raw = 1", (key,)).fetchone()
                 if row is not None and row[0] == filename and path is not None and not os.path.exists(path):
@@ -516,54 +494,37 @@ class DiskStore(Store):
             self._run(True, drop, None)
 
     def get(self, key: str) -> Entry | None:
-        entry, pending = self._hit(key, later=False)
+        entry, pending = self._hit(key)
         return None if entry is None else entry.with_hits(self._stored_hits(key) + pending)
 
     def lookup(self, key: str) -> Entry | None:
-        return self._hit(key, later=True)[0]
+        return self._hit(key)[0]
 
     @property
     def writable(self) -> bool:
         return self.refused is None and self._writes_paused_until != math.inf  # not refused, not read-only
 
-    def _hit(self, key: str, later: bool) -> tuple[Entry | None, int]:
-        """The valid entry under ``key`` (its hit buffered, see ``_count_hit``) and its hits not yet written."""
-        entry = self.decode(key, self._read(key), lazy=later)  # a lookup decodes what a hit needs
+    def _hit(self, key: str) -> tuple[Entry | None, int]:
+        """The valid entry under ``key`` (its hit counted in ``_HitBuffer``) and its hits not yet written."""
+        entry = self.decode(key, self._read(key))
         if entry is None:
             self.misses += 1
             return None, 0
         self.add_hits(1)
-        return entry, self._count_hit(key, later)
-
-    def _count_hit(self, key: str, later: bool) -> int:
-        """Buffer one hit of ``key``; returns its hits not yet written.
-
-        The buffer is written by ``get`` every ``HIT_FLUSH_SECONDS``, and on ``close``, ``stats``,
-        ``entries`` and exit; never by ``lookup`` (a decision's read never waits for a commit).
-        """
         if not (self.count_hits and self._cache is not None):
-            return 0
+            return entry, 0
         with self._hits.lock:
             self._hits.pending[key] += 1
-            pending = self._hits.pending[key]
-            due = not later and time.monotonic() - self._hits.flushed_at >= HIT_FLUSH_SECONDS
-        if due:
-            self.flush_hits()
-        return pending
+            return entry, self._hits.pending[key]
 
     def flush_hits(self) -> None:
-        """Write the hit counts gathered since the last flush (one transaction).
-
-        Counting a hit in the database on every lookup would cost a commit per
-        lookup, several times the lookup itself; counts are statistics, so they
-        are batched (see ``_count_hit``).
-        """
+        """Write the hit counts gathered since the last flush (one transaction; see ``_HitBuffer``)."""
         pending = self._hits.take()
         if not pending or self._cache is None:
             return
 
-        def write(cache: FastOpenCache | ReadOnlyCache) -> None:
-            assert isinstance(cache, FastOpenCache)
+        def write(cache: BoundedOpenCache | ReadOnlyCache) -> None:
+            assert isinstance(cache, BoundedOpenCache)
             write_hits(cache, pending)
 
         self._run(True, write, None)
@@ -573,12 +534,12 @@ class DiskStore(Store):
         ``write_wait`` seconds. An observed-OOM fact is written even while writes are paused."""
         text = entry.with_hits(0).to_json(self.signer)
 
-        def add(cache: FastOpenCache | ReadOnlyCache) -> bool:
-            assert isinstance(cache, FastOpenCache)
+        def add(cache: BoundedOpenCache | ReadOnlyCache) -> bool:
+            assert isinstance(cache, BoundedOpenCache)
             if cache.add(entry.key, text):
                 return True
             with cache.transact():
-                there = self.decode(entry.key, cache.get_text(entry.key), warn=False)
+                there = self.decode(entry.key, cache.get(entry.key), warn=False)
                 if there is not None and not outranks(entry.decision, there.decision):
                     return False
                 cache.set(entry.key, text)
@@ -596,8 +557,8 @@ class DiskStore(Store):
     def _key_rows(self) -> tuple[list[str], list[tuple[str, str]]]:
         """(keys of the stored entries, (key, file) of the rows whose value file is gone)."""
 
-        def read(cache: FastOpenCache | ReadOnlyCache) -> tuple[list[str], list[tuple[str, str]]]:
-            rows = cache.key_rows() if isinstance(cache, ReadOnlyCache) else cache._sql(KEY_ROWS).fetchall()
+        def read(cache: BoundedOpenCache | ReadOnlyCache) -> tuple[list[str], list[tuple[str, str]]]:
+            rows = cache.key_rows()
             live: list[str] = []
             missing: list[tuple[str, str]] = []
             for key, filename in rows:
@@ -628,8 +589,8 @@ class DiskStore(Store):
                 yield entry.with_hits(self._stored_hits(key))
 
     def delete(self, keys: list[str]) -> int:
-        def remove(cache: FastOpenCache | ReadOnlyCache) -> int:
-            assert isinstance(cache, FastOpenCache)
+        def remove(cache: BoundedOpenCache | ReadOnlyCache) -> int:
+            assert isinstance(cache, BoundedOpenCache)
             removed = 0
             for key in keys:  # one transaction each: diskcache removes a value file only after its commit
                 removed += bool(cache.delete(key))
@@ -639,8 +600,8 @@ class DiskStore(Store):
         return self._run(True, remove, 0)
 
     def clear_all(self) -> int:
-        def clear(cache: FastOpenCache | ReadOnlyCache) -> int:
-            assert isinstance(cache, FastOpenCache)
+        def clear(cache: BoundedOpenCache | ReadOnlyCache) -> int:
+            assert isinstance(cache, BoundedOpenCache)
             count = sum(1 for k in cache.iterkeys() if _is_entry_key(k))
             cache.clear()
             return count

@@ -1,17 +1,14 @@
 """A stored decision: JSON text, validated on the way back in.
 
-Schema 5 stores the decision apart from the plan, and what a hit reads apart from
-the rest: the stored text is four lines (``signing.canonical``), each sorted-key
-JSON: the head (key, schema, the decision's verdict, ``dynamic``), the
-decision's details (its per-group bytes and dominant argument), the record (key
-parts, kernel, family, provenance, hits) and the plan's canonical JSON text.
-A lookup parses the head line only: the key's parts are the ones the caller
-digested into the key, and the details and the record are decoded when first
-read. ``get``, listings, imports, bundles and ``inspect --verify`` decode every
-line but the plan, and all but ``get`` the plan too (``Entry.plan``). In a
-payload (bundles, ``inspect --json``) the details are in the decision and the plan
-is one string field, ``plan``. The signature covers every line. ``dynamic`` (the
-plan has an axis without a static value) is stored beside the decision so a hit
+Schema 5's stored text is four lines (``trust.canonical``), each sorted-key
+JSON: the head (key, schema, the decision's verdict, ``dynamic``, the
+signature), the decision's details (its per-group bytes and dominant
+argument), the record (key parts, kernel, family, provenance, hits) and the
+plan's canonical JSON text. Every read decodes and checks every line but the
+plan; listings, imports, bundles and ``inspect --verify`` decode the plan too
+(``Entry.plan``). In a payload (bundles, ``inspect --json``) the details are in
+the decision and the plan is one string field, ``plan``. ``dynamic`` (the plan
+has an axis without a static value) is stored beside the decision so a lookup
 can check the decision's ``enable_auto_blockify`` without decoding the plan;
 wherever the plan is decoded, ``dynamic`` must match it.
 """
@@ -24,13 +21,13 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 from prescreen.decision import Decision, is_observed_oom
-from prescreen.key import SCHEMA_VERSION, KeyParts, family_hash, known_parts, payload_text
-from prescreen.plan import KernelPlan
-from prescreen.store.signing import (
+from prescreen.key import SCHEMA_VERSION, KeyParts, family_hash
+from prescreen.plan import KernelPlan, canonical_json
+from prescreen.store.trust import (
     DECISION_FIELD,
     HEAD_FIELDS,
     PLAN_FIELD,
@@ -49,7 +46,7 @@ class InvalidEntry(ValueError):
 
 
 class UnsignedEntry(InvalidEntry):
-    """An entry without a valid signature while a signing key is configured (``signing``)."""
+    """An entry without a valid signature while a signing key is configured (``trust``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,18 +65,6 @@ class Entry:
     pid: int
     hits: int = 0
     schema_version: int = SCHEMA_VERSION
-    # An entry read by a lookup: its record line's text (``RECORD_FIELDS``), decoded on first access (``__getattr__``).
-    _record: str | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
-
-    if not TYPE_CHECKING:  # hidden from mypy, which would otherwise accept any attribute name
-
-        def __getattr__(self, name: str) -> object:
-            """A record field of an entry read by a lookup (``from_json(..., lazy=True)``): decoded on first access."""
-            if name not in RECORD_FIELDS:
-                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-            for field, value in _decode_record(self._record).items():
-                object.__setattr__(self, field, value)
-            return getattr(self, name)
 
     @staticmethod
     def new(
@@ -89,7 +74,7 @@ class Entry:
             key=key,
             parts=parts,
             kernel=plan.display_name,
-            plan_text=payload_text(plan),  # canonical_json(plan.to_payload()), written directly
+            plan_text=canonical_json(plan.to_payload()),
             dynamic=plan.is_dynamic,
             family=family,
             decision=decision,
@@ -103,7 +88,7 @@ class Entry:
         """The stored plan payload, decoded (and depth-checked) on each access.
 
         Empty when the stored text is not a JSON object within the depth cap: a lookup
-        never reads the plan, so such an entry still serves hits, while ``verify_entry``
+        does not read the plan, so such an entry still serves hits, while ``verify_entry``
         says False for it and an import or bundle refuses it (``from_payload`` decodes it).
         """
         try:
@@ -196,7 +181,7 @@ class Entry:
             raise
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError) as exc:
             raise InvalidEntry(f"malformed entry: {exc!r}") from None
-        if known_parts(key) != parts and parts.digest() != key:  # parts this process digested into key: equal
+        if parts.digest() != key:
             raise InvalidEntry("entry key does not match its key parts")
         if expected_key is not None and key != expected_key:
             raise InvalidEntry(f"entry is stored under {expected_key[:12]} but carries key {key[:12]}")
@@ -219,16 +204,10 @@ class Entry:
         return entry
 
     @staticmethod
-    def from_json(
-        text: str | bytes, expected_key: str | None = None, signer: Signer | None = None, *, lazy: bool = False
-    ) -> "Entry":
+    def from_json(text: str | bytes, expected_key: str | None = None, signer: Signer | None = None) -> "Entry":
         """Parse and validate stored text; raises ``InvalidEntry`` (never anything else) naming what is wrong.
 
-        With a signer the signature is checked on the text itself, before parsing.
-        The plan line is kept as text. ``lazy`` (a lookup, with ``expected_key``
-        this process digested from its own plan): the head line alone is parsed;
-        the key's parts are the caller's, the decision's ``DETAIL_FIELDS`` and the
-        entry's ``RECORD_FIELDS`` are kept as text and decoded when first read.
+        With a signer the signature is checked on the text itself, before parsing. The plan line is kept as text.
         """
         if len(text) > MAX_ENTRY_BYTES:
             raise InvalidEntry(f"entry is {len(text)} bytes, over the {MAX_ENTRY_BYTES}-byte cap")
@@ -253,11 +232,7 @@ class Entry:
             raise InvalidEntry(f"entry is not four lines (schema {SCHEMA_VERSION} stores a head line, the decision's "
                                "details line, the record line, then the plan line)")
         if not isinstance(d, dict) or not d.keys() <= _HEAD_KEYS:
-            raise InvalidEntry("entry's head line must be a JSON object of the fields a hit reads")
-        if lazy and expected_key is not None:
-            known = known_parts(expected_key)
-            if known is not None:
-                return Entry._from_head(d, expected_key, known, details_text, record_text, plan_text)
+            raise InvalidEntry("entry's head line must be a JSON object of the head fields")
         details, record = parse_json(details_text), parse_json(record_text)
         decision = d.get(DECISION_FIELD)
         if not isinstance(details, dict) or not isinstance(decision, dict) or details.keys() & decision.keys():
@@ -268,32 +243,6 @@ class Entry:
         d.update(record)
         d[PLAN_FIELD] = plan_text
         return Entry.from_payload(d, expected_key)
-
-    @staticmethod
-    def _from_head(
-        d: dict[str, object], key: str, parts: KeyParts, details: str, record: str, plan_text: str
-    ) -> "Entry":
-        """A lookup's entry from its head line: ``parts`` are the ones this process digested into ``key``."""
-        schema = d.get("schema_version")
-        if schema != SCHEMA_VERSION or schema.__class__ is not int:
-            raise InvalidEntry(f"entry has schema {schema!r}, this prescreen reads schema {SCHEMA_VERSION}")
-        if d.get("key") != key:
-            raise InvalidEntry(f"entry is stored under {key[:12]} but carries key {str(d.get('key'))[:12]}")
-        dynamic = d.get("dynamic")
-        if dynamic.__class__ is not bool:
-            raise InvalidEntry(f"dynamic must be true or false, got {str(dynamic)[:40]}")
-        try:
-            decision = Decision.from_payload(d.get(DECISION_FIELD), details)  # type: ignore[arg-type]
-        except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError) as exc:
-            raise InvalidEntry(f"malformed entry: {exc!r}") from None
-        if decision.estimator_version != parts.estimator_version:
-            raise InvalidEntry("decision and key disagree on the estimator version")
-        check_decision(decision, parts, dynamic)
-        entry = object.__new__(Entry)
-        for name, value in (("key", key), ("parts", parts), ("plan_text", plan_text), ("dynamic", dynamic),
-                            ("decision", decision), ("schema_version", SCHEMA_VERSION), ("_record", record)):
-            object.__setattr__(entry, name, value)
-        return entry
 
 
 def strictness(decision: Decision) -> int:
@@ -311,7 +260,7 @@ def outranks(new: Decision, old: Decision) -> bool:
 
 
 def read_stored(
-    text: str | bytes, expected_key: str | None = None, signer: Signer | None = None, *, lazy: bool = False
+    text: str | bytes, expected_key: str | None = None, signer: Signer | None = None
 ) -> tuple[Entry, str | None]:
     """An entry read back from a store, under the trust rule; raises ``InvalidEntry``.
 
@@ -322,23 +271,19 @@ def read_stored(
     accepted, why (None otherwise).
     """
     try:
-        return Entry.from_json(text, expected_key, signer, lazy=lazy), None
+        return Entry.from_json(text, expected_key, signer), None
     except UnsignedEntry as refused:
-        entry = Entry.from_json(text, expected_key, None, lazy=lazy)
+        entry = Entry.from_json(text, expected_key, None)
         if entry.decision.tune:
             raise refused from None
         return entry, str(refused)
 
 
-#: An entry's fields on its record line, which a hit does not read (its key parts are the caller's).
-RECORD_FIELDS = ("created_at", "family", "hits", "host", "kernel", "pid")
 _HEAD_KEYS = HEAD_FIELDS | {SIGNATURE_FIELD}
-#: What a lookup's entry reads for its record fields where the stored record line is not valid.
-_NO_RECORD: dict[str, Any] = {"created_at": 0.0, "family": None, "hits": 0, "host": "", "kernel": "", "pid": 0}
 
 
 def _record_fields(d: Mapping[str, object]) -> dict[str, Any]:
-    """An entry's ``RECORD_FIELDS`` in ``d``, validated: raises ``InvalidEntry`` (``KeyError`` for a missing one;
+    """An entry's record fields in ``d``, validated: raises ``InvalidEntry`` (``KeyError`` for a missing one;
     ``hits`` may be left out, as bundles leave it)."""
     family = d["family"]
     if family is not None and not isinstance(family, dict):
@@ -347,32 +292,15 @@ def _record_fields(d: Mapping[str, object]) -> dict[str, Any]:
             "host": _str(d, "host"), "kernel": _str(d, "kernel"), "pid": _int(d, "pid")}
 
 
-def _decode_record(text: str | None) -> dict[str, Any]:
-    """The ``RECORD_FIELDS`` of a lookup's entry from its record line (``_record_fields``); ``_NO_RECORD`` where
-    the line is not valid (never raises)."""
-    try:
-        record = parse_json(text or "")
-        return _record_fields(record) if isinstance(record, dict) else _NO_RECORD
-    except (InvalidEntry, KeyError, TypeError, ValueError):
-        return _NO_RECORD
-
-
-def parse_json(text: str | bytes) -> object:
+def parse_json(text: str) -> object:
     """JSON text of at most ``MAX_ENTRY_BYTES``, with finite numbers only; raises ``InvalidEntry``."""
     if len(text) > MAX_ENTRY_BYTES:
         raise InvalidEntry(f"entry is {len(text)} bytes, over the {MAX_ENTRY_BYTES}-byte cap")
     try:
-        if text.__class__ is str:
-            try:  # the scanner itself: ``decode`` adds two regex matches for the whitespace around the value
-                value, end = _scan(text, 0)
-                if end == len(text):
-                    return value
-            except (StopIteration, ValueError, RecursionError):
-                pass  # ``decode`` says what is wrong
-        return _DECODER.decode(text.decode("utf-8") if isinstance(text, bytes) else text)
+        return _DECODER.decode(text)
     except RecursionError:
         raise InvalidEntry("entry is JSON nested too deeply") from None
-    except (ValueError, UnicodeDecodeError) as exc:
+    except ValueError as exc:
         raise InvalidEntry(f"entry is not JSON: {exc}") from None
 
 
@@ -388,7 +316,6 @@ def _finite_float(text: str) -> float:
 
 
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
-_scan: Callable[[str, int], tuple[object, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
 _INT_LIMIT = 2**63  # what SQLite, Redis and every counter here hold
 
 
@@ -400,8 +327,9 @@ def _int(d: Mapping[str, object], name: str) -> int:
 
 
 def _finite(d: Mapping[str, object], name: str) -> float:
+    """A finite number below 2**63 as a float (checked after the conversion, which can round 2**63 - 1 up)."""
     value = d[name]
-    if type(value) not in (int, float) or not math.isfinite(value) or abs(value) >= _INT_LIMIT:  # type: ignore[arg-type]
+    if type(value) not in (int, float) or not abs(float(value)) < _INT_LIMIT:  # type: ignore[arg-type]
         raise InvalidEntry(f"{name} must be a finite number, got {str(value)[:40]}")
     return float(value)  # type: ignore[arg-type]
 

@@ -31,9 +31,8 @@ import diskcache
 from diskcache.core import DBNAME
 
 from prescreen.store.entry import MAX_ENTRY_BYTES, InvalidEntry, read_stored
-from prescreen.store.secure import create_private_file, open_regular, value_file
-from prescreen.store.signing import Signer
 from prescreen.store.textdisk import TextDisk, read_value_file
+from prescreen.store.trust import Signer, create_private_file, open_regular, value_file
 
 LOCK_NAME = "recovery.lock"
 PENDING_NAME = "recovery.pending"

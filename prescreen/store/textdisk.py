@@ -1,4 +1,5 @@
-"""diskcache plumbing that never unpickles: a text-only ``Disk`` and a ``Cache`` that opens fast.
+"""diskcache plumbing that never unpickles: a text-only ``Disk``, a ``Cache`` that opens fast and reads
+bounded, and a reader for a directory nobody may write.
 
 ``TextDisk`` accepts string keys and string (JSON text) or integer (hit
 counter) values. Small values live in the SQLite row, large ones in a ``.val``
@@ -7,13 +8,20 @@ pickle or binary mode comes back as a ``Refused`` marker, which the store
 treats as an invalid entry: nothing read from the cache is ever unpickled.
 
 Every file name a row gives is checked against the names diskcache itself
-makes (``secure.value_file``): a row naming ``../x`` or ``/etc/x`` is refused
+makes (``trust.value_file``): a row naming ``../x`` or ``/etc/x`` is refused
 and never read, written or deleted. ``.val`` files are created 0600 and read
-only when regular files (``secure.open_regular``: no symlink, no FIFO to
+only when regular files (``trust.open_regular``: no symlink, no FIFO to
 block on) of at most ``MAX_ENTRY_BYTES``, their size checked before the read;
 a row whose file is gone reads as ``Missing`` so the store can clean it.
 A value inline in ``cache.db`` is bounded the same way before SQLite loads it
-(``select_value``).
+(``bounded``).
+
+A read-only directory (a deployment image, a read-only mount) cannot be opened
+by diskcache at all (opening writes settings and, in WAL mode, creates
+``-wal``/``-shm`` files); ``ReadOnlyCache`` opens ``cache.db`` with SQLite's
+read-only URI modes (``mode=ro``, then ``immutable=1``: then the contents of a
+leftover ``-wal`` file are not seen, those entries read as misses) and decodes
+rows with the same ``TextDisk``.
 """
 
 from __future__ import annotations
@@ -23,20 +31,19 @@ import dataclasses
 import errno
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import diskcache
-from diskcache.core import DBNAME, EVICTION_POLICY, MODE_BINARY, MODE_PICKLE, MODE_RAW, MODE_TEXT, UNKNOWN
+from diskcache.core import DBNAME, MODE_BINARY, MODE_PICKLE, MODE_RAW, MODE_TEXT, UNKNOWN
 
 from prescreen.store.entry import MAX_ENTRY_BYTES
-from prescreen.store.secure import NotRegularFile, create_private_file, open_regular, value_file
+from prescreen.store.trust import NotRegularFile, create_private_file, open_regular, value_file
 
 _MODE_NAMES = {MODE_RAW: "raw", MODE_BINARY: "binary", MODE_TEXT: "text", MODE_PICKLE: "pickle"}
-#: One text-keyed row's value, as ``diskcache.Cache.get`` selects it.
-SELECT_VALUE = (
-    "SELECT mode, filename, value FROM Cache WHERE key = ? AND raw = 1 AND (expire_time IS NULL OR expire_time > ?)"
-)
+KEY_ROWS = "SELECT key, filename FROM Cache WHERE raw = 1 ORDER BY rowid"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -73,31 +80,19 @@ def read_value_file(path: str, limit: int = MAX_ENTRY_BYTES) -> str | Refused:
         return Refused("its value file is not UTF-8 text")
 
 
-def select_value(con: sqlite3.Connection, key: str) -> tuple[object, ...] | Refused | None:
-    """``key``'s ``SELECT_VALUE`` row, with no column over ``MAX_ENTRY_BYTES``: a longer value is ``Refused``
-    before it is loaded, by SQLite's length limit (a 128 MiB inline row: 0.2 ms and no memory, where checking
-    ``length()`` in SQL loads it, 0.6 s and 258 MiB). The limit is the connection's for this read only."""
+def bounded(con: sqlite3.Connection, read: Callable[[], object]) -> object:
+    """``read()`` on ``con`` with no column over ``MAX_ENTRY_BYTES``: a longer value is ``Refused`` before it is
+    loaded, by SQLite's length limit (a 128 MiB inline row: 0.2 ms and no memory, where checking ``length()``
+    in SQL loads it, 0.6 s and 258 MiB). The limit is the connection's for this read only."""
     old = con.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_ENTRY_BYTES)
     try:
-        row: tuple[object, ...] | None = con.execute(SELECT_VALUE, (key, time.time())).fetchone()
-        return row
+        return read()
     except sqlite3.DataError as exc:
         if getattr(exc, "sqlite_errorname", "") != "SQLITE_TOOBIG":
             raise
         return Refused(f"its value in cache.db is over {MAX_ENTRY_BYTES} bytes")
     finally:
         con.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, old)
-
-
-def fetch_row(disk: diskcache.Disk, row: tuple[object, ...] | Refused | None) -> object:
-    """The value of a ``select_value`` row as ``disk.fetch`` gives it; None for no row, or where the value's
-    file went away under the read (``diskcache.Cache.get`` says missing then too)."""
-    if row is None or isinstance(row, Refused):
-        return row
-    try:
-        return disk.fetch(row[0], row[1], row[2], False)
-    except OSError:
-        return None
 
 
 class TextDisk(diskcache.Disk):
@@ -166,8 +161,9 @@ class TextDisk(diskcache.Disk):
                 return
 
 
-class FastOpenCache(diskcache.Cache):
-    """A ``diskcache.Cache`` whose initialisation gives up on a locked database after ``open_timeout``.
+class BoundedOpenCache(diskcache.Cache):
+    """A ``diskcache.Cache`` whose initialisation gives up on a locked database after ``open_timeout``, and
+    whose ``get`` refuses a value over ``MAX_ENTRY_BYTES`` unread (``bounded``).
 
     diskcache retries the statements of ``__init__`` for 60 s while another
     connection holds a lock; a compile must not wait that long. So an existing
@@ -188,20 +184,14 @@ class FastOpenCache(diskcache.Cache):
             finally:
                 probe.close()
         super().__init__(directory, **kwargs)
-        # diskcache's get runs one SELECT unless it counts statistics or updates a column per get
-        self._plain_get = not self.statistics and EVICTION_POLICY[self.eviction_policy]["get"] is None
 
-    def get_text(self, key: str) -> object:
-        """``get(key)`` for a string key: the value as ``TextDisk.fetch`` gives it, or None.
+    def get(self, key: object, default: object = None, *args: object, **kwargs: object) -> object:
+        """diskcache's ``get``, the value as ``TextDisk.fetch`` gives it, bounded (``bounded``)."""
+        return bounded(self._con, lambda: super(BoundedOpenCache, self).get(key, default, *args, **kwargs))
 
-        On diskcache's own fast path (no statistics, no per-get update) this is its one
-        SELECT without ``get``'s general-purpose steps (key encoding, the columns only
-        ``expire_time``/``tag`` callers want): a lookup's read, inside a compile. A value over
-        ``MAX_ENTRY_BYTES`` is refused before it is loaded (``select_value``).
-        """
-        if not self._plain_get:
-            return self.get(key)
-        return fetch_row(self._disk, select_value(self._con, key))
+    def key_rows(self) -> list[tuple[object, object]]:
+        """(key, value file name) of every text-keyed row."""
+        return list(self._sql(KEY_ROWS).fetchall())
 
     @property
     def _sql_retry(self) -> Callable[..., sqlite3.Cursor]:
@@ -220,3 +210,52 @@ class FastOpenCache(diskcache.Cache):
                     time.sleep(0.005)
 
         return execute
+
+
+class ReadOnlyCache:
+    """The read half of ``diskcache.Cache`` over a directory nobody may write (see the module docstring)."""
+
+    _SELECT = "SELECT mode, filename, value FROM Cache WHERE key = ? AND raw = 1 AND (expire_time IS NULL OR expire_time > ?)"
+
+    def __init__(self, directory: Path, timeout: float) -> None:
+        self.directory = directory
+        self.disk = TextDisk(str(directory))
+        db = directory / DBNAME
+        if not db.is_file():
+            raise FileNotFoundError(f"no {DBNAME} in {directory}")
+        uri = db.resolve().as_uri()
+        last: sqlite3.Error | None = None
+        for query in ("?mode=ro", "?immutable=1"):
+            try:
+                con = sqlite3.connect(uri + query, uri=True, timeout=timeout, check_same_thread=False)
+                con.execute("SELECT count(*) FROM Cache").fetchone()
+            except sqlite3.Error as exc:
+                last = exc
+                continue
+            self.con = con
+            self.mode = query.lstrip("?")
+            self._lock = threading.Lock()
+            return
+        assert last is not None
+        raise last
+
+    def get(self, key: str) -> object:
+        """The decoded value under ``key`` (text, int or ``Refused``), or None."""
+
+        def read() -> object:
+            row = self.con.execute(self._SELECT, (key, time.time())).fetchone()
+            return None if row is None else self.disk.fetch(row[0], row[1], row[2], False)
+
+        with self._lock:
+            return bounded(self.con, read)
+
+    def key_rows(self) -> list[tuple[object, object]]:
+        """(key, value file name) of every text-keyed row."""
+        with self._lock:
+            return list(self.con.execute(KEY_ROWS).fetchall())
+
+    def volume(self) -> int:
+        return sum(p.stat().st_size for p in self.directory.rglob("*") if p.is_file())
+
+    def close(self) -> None:
+        self.con.close()

@@ -1,0 +1,335 @@
+"""Trust: who may write the cache directory, which paths a row may name, and signed entries.
+
+Directories and files. The store's files decide what a compile does, so a
+directory another user can write is a way to plant a decision (a ``tune``
+where the truth is an OOM) or, through diskcache's ``filename`` column, to
+make prescreen delete files outside the cache. As OpenSSH does for ``~/.ssh``:
+
+- ``private_directory`` creates the cache directory and every missing parent
+  with mode 0700 (whatever the umask), then ``check_directory`` refuses a
+  directory, or any directory above it, that is owned by another user than
+  the current one or root, or that group or others can write (a root-owned
+  sticky directory such as ``/tmp`` is fine: nobody can rename what is in it).
+  A symlink counts as the directory it points to, and every symlink met on
+  the way from ``/`` down (a component of the path, or of a link's target)
+  must itself be owned by the current user or root, as OpenSSH's StrictModes
+  requires: whoever owns a link can re-point it at their own database.
+- ``create_private_file`` makes a file 0600 (``cache.db`` is created this way
+  before SQLite opens it, and SQLite gives its ``-wal``/``-shm`` files the
+  database's mode); ``TextDisk`` makes its ``.val`` files 0600 too.
+- ``value_file`` accepts only the names diskcache itself generates
+  (``ab/cd/<28 hex>.val``), so no row can make prescreen read, write or
+  delete a path outside the directory.
+- ``open_regular`` opens a file prescreen reads (a ``.val`` file, the signing
+  key file) with ``O_NOFOLLOW | O_NONBLOCK`` and checks that it is a regular
+  file before reading: a FIFO planted in its place is refused at once instead
+  of blocking the compile, a directory or device is refused too.
+
+Signatures: an HMAC-SHA256 over each entry's stored text, with a shared secret. Without a secret, the store is trusted input: whoever can write the cache
+directory, the Redis database or a bundle decides what prescreen does. With
+``PRESCREEN_SIGNING_KEY`` (the secret itself) or ``PRESCREEN_SIGNING_KEY_FILE``
+(a file holding it, readable by its owner only), every entry written carries
+``"signature": "hmac-sha256:<hex>"`` over its stored text (``canonical``: the
+head line of sorted-key JSON with no signature, a newline, the details, record
+and plan lines, ``hits`` as 0), which holds the key. The signature is the head line's last
+field, so a lookup checks it on the text as stored, before parsing it; a
+bundle entry is re-serialized first. Read back from disk,
+Redis or a bundle, an entry that is unsigned or whose signature does not
+verify is a miss (one warning), and ``import`` refuses it. The signature is an
+optional field: a prescreen without a secret reads signed entries as before.
+
+The secret is normalized one way wherever it comes from (``normalize_key``):
+whitespace around it (a trailing newline from ``echo`` or an editor, spaces)
+is stripped, in the variable and in the file alike, so
+``PRESCREEN_SIGNING_KEY="secret\n"`` and a key file holding ``secret`` sign
+alike.
+
+What a signature guards is *loosening* (``entry.read_stored``): a stored
+``tune`` must verify, while a stricter entry (a fallback, an observed OOM) is
+served whatever its signature, so a fact is never masked during a key
+rollout (none -> key) or rotation (A -> B), nor overwritten: a store keeps the
+strictest valid entry under a key (``entry.outranks``).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import hmac
+import os
+import re
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+
+from prescreen.decision import DETAIL_FIELDS
+from prescreen.errors import ConfigError
+from prescreen.plan import canonical_json
+
+_VALUE_NAME = re.compile(r"[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{28}\.val")
+MAX_SYMLINKS = 40  # as Linux's ELOOP limit: more links on one path is a loop
+_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
+          stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFLNK: "a symlink"}
+
+
+class InsecureDirectory(Exception):
+    """A cache directory prescreen refuses to use; the message says why."""
+
+
+def current_uid() -> int:
+    """The user the store runs as (a function so tests can stand in for another user)."""
+    return os.geteuid()
+
+
+def _trusted_owner(uid: int) -> bool:
+    return uid in (current_uid(), 0)
+
+
+def _describe(path: Path, st: os.stat_result) -> str:
+    return f"{path} (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
+
+
+def private_directory(directory: Path) -> None:
+    """Create ``directory`` and its missing parents with mode 0700; raises OSError if it cannot."""
+    missing: list[Path] = []
+    path = directory
+    while not os.path.lexists(path) and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:  # created meanwhile by someone else: check_directory judges it
+            continue
+        os.chmod(path, 0o700)  # mkdir's mode is filtered by the umask
+
+
+def check_directory(directory: Path) -> None:
+    """Raise ``InsecureDirectory`` unless ``directory`` and every directory above it are safe (see module doc)."""
+    try:
+        real = _resolve_checking_links(directory)
+    except OSError as exc:
+        raise InsecureDirectory(f"cannot check {directory}: {exc}") from None
+    path = real
+    while True:
+        st = os.stat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            raise InsecureDirectory(f"{path} is not a directory")
+        if not _trusted_owner(st.st_uid):
+            raise InsecureDirectory(f"{_describe(path, st)} is owned by another user (you are uid {current_uid()})")
+        writable_by_others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if writable_by_others and not (path != real and st.st_mode & stat.S_ISVTX and st.st_uid == 0):
+            raise InsecureDirectory(f"{_describe(path, st)} can be written by group or others")
+        if path == path.parent:
+            return
+        path = path.parent
+
+
+def _resolve_checking_links(directory: Path) -> Path:
+    """``directory`` resolved one component at a time from ``/``, as the kernel does; raises
+    ``InsecureDirectory`` at a symlink, on the path or in a link's target, owned by another user than you or
+    root (``OSError`` where a component cannot be read)."""
+    todo = list(reversed(os.path.join(os.getcwd(), directory).split("/")))
+    current, links = "/", 0
+    while todo:
+        name = todo.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            current = os.path.dirname(current)
+            continue
+        path = os.path.join(current, name)
+        st = os.lstat(path)
+        if not stat.S_ISLNK(st.st_mode):
+            current = path
+            continue
+        if not _trusted_owner(st.st_uid):
+            raise InsecureDirectory(
+                f"{path} (on the path to {directory}) is a symlink owned by uid {st.st_uid}, not by you "
+                f"(uid {current_uid()}) or root: its owner can point it elsewhere"
+            )
+        links += 1
+        if links > MAX_SYMLINKS:
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(directory))
+        target = os.readlink(path)
+        if target.startswith("/"):
+            current = "/"
+        todo.extend(reversed(target.split("/")))
+    return Path(current)
+
+
+def check_owned_file(path: Path) -> None:
+    """Raise ``InsecureDirectory`` if ``path`` exists and is owned by another user than you or root."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not _trusted_owner(st.st_uid):
+        raise InsecureDirectory(f"{_describe(path, st)} is owned by another user (you are uid {current_uid()})")
+
+
+def create_private_file(path: str | os.PathLike[str]) -> None:
+    """Create ``path`` empty with mode 0600 unless it exists."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
+def value_file(directory: str, filename: object) -> str | None:
+    """The full path of a ``.val`` file named by a row, or None when the name is not one diskcache makes."""
+    if not isinstance(filename, str) or not _VALUE_NAME.fullmatch(filename.replace(os.sep, "/")):
+        return None
+    return os.path.join(directory, filename)
+
+
+class NotRegularFile(OSError):
+    """A path prescreen reads that is not a regular file (a FIFO, a directory, a device); the message says which."""
+
+
+def open_regular(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
+    """A read-only descriptor of ``path`` and its ``fstat``, opened without following a symlink (``ELOOP``) or
+    waiting for a FIFO's writer (``O_NONBLOCK``); raises ``NotRegularFile`` unless it is a regular file, else
+    ``OSError`` as ``os.open``. The caller closes the descriptor."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = _KINDS.get(stat.S_IFMT(st.st_mode), "another kind of file")
+            raise NotRegularFile(errno.EINVAL, f"it is {kind}, not a regular file", os.fspath(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+SIGNING_KEY_ENV = "PRESCREEN_SIGNING_KEY"
+SIGNING_KEY_FILE_ENV = "PRESCREEN_SIGNING_KEY_FILE"
+MIN_KEY_BYTES = 16
+SIGNATURE_FIELD = "signature"
+_SCHEME = "hmac-sha256:"
+# "signature" sorts after every other field of an entry's head, so it closes the head line.
+_TAIL = re.compile(r',"signature":"(hmac-sha256:[0-9a-f]{64})"\}\Z')
+
+
+class BadSignature(ValueError):
+    """An entry without a valid signature where one is required; the message says which."""
+
+
+class Signer:
+    """Signs and verifies entry payloads with one shared secret."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) < MIN_KEY_BYTES:
+            raise ConfigError(f"the signing key is {len(key)} bytes; use at least {MIN_KEY_BYTES} random bytes")
+        self._key = key
+
+    def __repr__(self) -> str:
+        return "Signer(<secret>)"
+
+    def _mac(self, text: str) -> str:
+        return _SCHEME + hmac.new(self._key, text.encode("utf-8"), hashlib.sha256).hexdigest()
+
+    def sign(self, payload: Mapping[str, object]) -> str:
+        """The signature of an entry payload: over its canonical text with hits 0 and no signature."""
+        body = {k: v for k, v in payload.items() if k != SIGNATURE_FIELD}
+        body["hits"] = 0
+        return self._mac(canonical(body))
+
+    def verify(self, payload: Mapping[str, object]) -> None:
+        """Raise ``BadSignature`` unless ``payload`` (a parsed entry, e.g. from a bundle) carries our signature."""
+        found = payload.get(SIGNATURE_FIELD)
+        if found is None:
+            raise BadSignature("entry is unsigned and a signing key is configured")
+        if not isinstance(found, str) or not hmac.compare_digest(found, self.sign(payload)):
+            raise BadSignature("entry's signature does not verify with the configured signing key")
+
+    def verify_text(self, text: str) -> None:
+        """Raise ``BadSignature`` unless stored ``text`` is canonical with our signature as its last field."""
+        head, newline, rest = text.partition("\n")  # rest: the details, record and plan lines
+        match = _TAIL.search(head)
+        if match is None:
+            if f'"{SIGNATURE_FIELD}"' in head:
+                raise BadSignature("entry's signature is malformed")
+            raise BadSignature("entry is unsigned and a signing key is configured")
+        if not hmac.compare_digest(match.group(1), self._mac(head[: match.start()] + "}" + newline + rest)):
+            raise BadSignature("entry's signature does not verify with the configured signing key")
+
+
+PLAN_FIELD = "plan"
+DECISION_FIELD = "decision"
+#: An entry's fields on its head line (with the signature): what a hit needs.
+HEAD_FIELDS = frozenset({DECISION_FIELD, "dynamic", "key", "schema_version"})
+
+
+def canonical(payload: Mapping[str, object]) -> str:
+    """The one text of an entry payload that is signed and stored (``Entry.to_json`` writes it).
+
+    Four lines, each JSON with sorted keys and no spaces:
+
+    1. the head: ``HEAD_FIELDS`` (and the signature), the decision without its ``DETAIL_FIELDS``;
+    2. the decision's details (per-group bytes, dominant argument);
+    3. the record: every other field but the plan (key parts, family, kernel, provenance, hits);
+    4. the plan's own canonical JSON text (``payload["plan"]``, a string).
+
+    A lookup parses the first line only. No line holds a raw newline (JSON
+    escapes them). A payload whose plan is not a string (a hostile bundle) gets
+    that value's JSON as its last line: it signs and verifies, and is refused as
+    an entry.
+    """
+    head: dict[str, object] = {}
+    record: dict[str, object] = {}
+    for name, value in payload.items():
+        if name in HEAD_FIELDS or name == SIGNATURE_FIELD:
+            head[name] = value
+        elif name != PLAN_FIELD:
+            record[name] = value
+    decision = head.get(DECISION_FIELD)
+    details: dict[str, object] = {}
+    if isinstance(decision, Mapping):
+        head[DECISION_FIELD] = {k: v for k, v in decision.items() if k not in DETAIL_FIELDS}
+        details = {k: decision[k] for k in DETAIL_FIELDS if k in decision}
+    plan = payload.get(PLAN_FIELD)
+    plan_line = plan if isinstance(plan, str) else canonical_json(plan)
+    return "\n".join((canonical_json(head), canonical_json(details), canonical_json(record), plan_line))
+
+
+def _read_key_file(path: Path) -> bytes:
+    try:
+        fd, st = open_regular(path)  # a FIFO, a directory or a symlink is refused at once, never waited on
+    except NotRegularFile as exc:
+        raise ConfigError(f"{SIGNING_KEY_FILE_ENV}={str(path)!r}: {exc.strerror}") from None
+    except OSError as exc:
+        raise ConfigError(f"{SIGNING_KEY_FILE_ENV}={str(path)!r}: cannot read it ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as handle:
+        if st.st_mode & 0o077:
+            raise ConfigError(
+                f"{SIGNING_KEY_FILE_ENV}={str(path)!r} has mode {stat.S_IMODE(st.st_mode):04o}; "
+                "a key file must be readable by its owner only (chmod 600)"
+            )
+        return normalize_key(handle.read(4096))
+
+
+def normalize_key(raw: bytes) -> bytes:
+    """The secret as signing uses it: ``raw`` without the ASCII whitespace around it (one rule for the
+    variable and the file)."""
+    return raw.strip()
+
+
+def signer_from_env() -> Signer | None:
+    """The configured signer, or None without a secret; raises ``ConfigError`` for a bad one."""
+    secret = os.environ.get(SIGNING_KEY_ENV, "")
+    path = os.environ.get(SIGNING_KEY_FILE_ENV, "").strip()
+    if secret and path:
+        raise ConfigError(f"set {SIGNING_KEY_ENV} or {SIGNING_KEY_FILE_ENV}, not both")
+    if path:
+        return Signer(_read_key_file(Path(path).expanduser()))
+    if secret:
+        return Signer(normalize_key(secret.encode()))
+    return None
