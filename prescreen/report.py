@@ -190,7 +190,10 @@ def write_html(entries: Sequence[Entry], path: str | Path, title: str) -> int:
         "section{border-top:1px solid #ccc;margin-top:1.5em}</style></head><body>"
         f"<h1>{html.escape(title)}</h1><p>{len(entries)} fallbacks, written {made}.</p>"
         + ("".join(sections) or "<p>No fallbacks in the store.</p>") + "</body></html>\n")
-    _write(path, page.encode())
+    try:
+        Path(path).write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
     return len(entries)
 
 
@@ -224,10 +227,3 @@ def write_png(entries: Sequence[Entry], path: str | Path) -> int:
     finally:
         plt.close(fig)
     return len(charts)
-
-
-def _write(path: str | Path, data: bytes) -> None:
-    try:
-        Path(path).write_bytes(data)
-    except OSError as exc:
-        raise ConfigError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None

@@ -270,7 +270,9 @@ def build(fn: Callable[..., Any], sizes: Mapping[str, int], device: str) -> tupl
     try:
         result = fn(**kwargs)
     except Exception as exc:
-        raise ConfigError(f"target {_name(fn)}({_call_args(kwargs)}) raised {type(exc).__name__}: {_first_line(exc)}") from None
+        name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or fn
+        call = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        raise ConfigError(f"target {name}({call}) raised {type(exc).__name__}: {_first_line(exc)}") from None
     if isinstance(result, Mapping):
         model, inputs = result.get("model"), result.get("inputs", ())
     elif isinstance(result, tuple) and len(result) == 2:
@@ -281,14 +283,6 @@ def build(fn: Callable[..., Any], sizes: Mapping[str, int], device: str) -> tupl
         raise ConfigError("target returned a model that is not callable")
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     return model, inputs
-
-
-def _name(fn: Callable[..., Any]) -> str:
-    return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or fn)
-
-
-def _call_args(kwargs: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
 
 
 def _first_line(exc: BaseException) -> str:

@@ -108,12 +108,7 @@ def _one(store: Store, key: str) -> Entry:
 
 
 def _entry_table(entry: Entry) -> Table:
-    from rich.table import Table
-
     d = entry.decision
-    table = Table(title=markup(f"entry {entry.key}"), show_header=False)
-    table.add_column("field", style="bold", no_wrap=True)
-    table.add_column("value", overflow="fold")
     rows = [
         ("kernel", entry.kernel), ("decision", d.action), ("bounded", str(d.bounded)),
         ("enable_auto_blockify", str(d.enable_auto_blockify)),
@@ -127,6 +122,16 @@ def _entry_table(entry: Entry) -> Table:
         ("created", f"{_age(entry.created_at)} by {entry.host} pid {entry.pid}"), ("hits", str(entry.hits)),
     ]
     rows += [(f"key.{k}", json.dumps(v) if not isinstance(v, str) else v) for k, v in entry.parts.to_payload().items()]
+    return _fields(f"entry {entry.key}", rows)
+
+
+def _fields(title: str, rows: Sequence[tuple[str, str]]) -> Table:
+    """A two-column table of named values (escaped), without a header."""
+    from rich.table import Table
+
+    table = Table(title=markup(title), show_header=False)
+    table.add_column("field", style="bold", no_wrap=True)
+    table.add_column("value", overflow="fold")
     for field, value in rows:
         table.add_row(markup(field), markup(value))
     return table
@@ -308,21 +313,14 @@ def stats(obj: StoreOpener, as_json: bool) -> None:
             "detail": s.detail,
         }, indent=2))
         return
-    from rich.table import Table
-
-    table = Table(show_header=False, title="prescreen store")
-    table.add_column("field", style="bold", no_wrap=True)
-    table.add_column("value", overflow="fold")
-    for field, value in (
+    out().print(_fields("prescreen store", [
         ("backend", s.backend), ("location", s.location), ("entries", str(s.entries)),
         ("decisions", f"{counts['tune']} tune, {counts['fallback']} fallback"),
         ("size", format_bytes(s.size_bytes)),
         ("hits", str(stored_hits)),
         ("hit rate", f"{stored_hits / lookups:.1%} (hits / (hits + entries computed))" if lookups else "-"),
         ("healthy", str(s.healthy)), ("detail", s.detail or "-"),
-    ):
-        table.add_row(field, markup(value))
-    out().print(table)
+    ]))
 
 
 @click.command("export")
@@ -373,7 +371,6 @@ def load_cmd(obj: StoreOpener, path: str) -> None:
     store = obj.store()
     loaded = load(path, store)
     out().print(markup(loaded.summary()), highlight=False)
-
 
 
 #: The commands this module adds to the group.

@@ -6,14 +6,15 @@ line wins over the file; an error in a value names the option or the spec key it
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
 
-from prescreen.budget import format_bytes
+from prescreen.budget import format_bytes, parse_memory, parse_ratio
 from prescreen.display import COMPACT_KEY_CHARS, KEY_CHARS, compact, err, fill, fits, markup, out, wrap_items
 from prescreen.errors import ConfigError
 
@@ -56,18 +57,10 @@ class Parsed(click.ParamType):  # type: ignore[type-arg,unused-ignore]
 
 
 def _memory(value: str | int, where: str) -> int:
-    from prescreen.budget import parse_memory
-
     try:
         return parse_memory(value)
     except ConfigError as exc:  # the message starts with the value: --device-memory '0.1' is less than one byte
         raise ConfigError(f"{where} {exc}") from None
-
-
-def _ratio(value: str | float, where: str) -> float:
-    from prescreen.budget import parse_ratio
-
-    return parse_ratio(value, where)
 
 
 def _shape(value: str | ShapeRange, where: str) -> ShapeRange:
@@ -97,7 +90,7 @@ def _use_spec(ctx: click.Context, param: click.Parameter, path: str | None) -> s
               help="Decide exported plan payloads directly; no model, no torch.compile.")
 @click.option("--device-memory", type=Parsed("size", _memory), metavar="SIZE",
               help="Plan for this much device memory, e.g. 64GiB [env PRESCREEN_DEVICE_MEMORY].")
-@click.option("--ratio", type=Parsed("ratio", _ratio), metavar="R", help="The benchmark budget as a fraction of "
+@click.option("--ratio", type=Parsed("ratio", parse_ratio), metavar="R", help="The benchmark budget as a fraction of "
               "device memory, in (0, 1] [env PRESCREEN_MAX_BENCHMARK_MEMORY_RATIO; default 0.25].")
 @click.option("--device", metavar="DEVICE", default="cpu", help="The device the target builds its model on "
               "[default: cpu].")
@@ -163,10 +156,10 @@ def warm(ctx: click.Context, target: str | None, shapes: tuple[ShapeRange, ...],
     memory_override(device_memory)  # $PRESCREEN_DEVICE_MEMORY checked (the hooks would only warn)
     overrides = parse_inductor_config(config_items)
     store = ctx.obj.store()
-    with _progress() as progress:
+    with _progress() as tick:
         report = warm_model(target, shapes, store, device=device, device_memory=device_memory, ratio=ratio,
                             mode=mode, points=points, dry_run=dry_run, inductor_config=overrides, verbose=verbose,
-                            progress=_ticker(progress), artifact=artifact, plan_only=plan_only)
+                            progress=tick, artifact=artifact, plan_only=plan_only)
     _print_report(report, as_json)
 
 
@@ -197,21 +190,20 @@ def _check_shape_names(families: tuple[ShapeRange, ...], source: str) -> None:
         seen[family.name] = family
 
 
-def _progress() -> Any:
+@contextlib.contextmanager
+def _progress() -> Iterator[Callable[[int, int, dict[str, int]], None]]:
+    """A transient progress bar on stderr, and the ``progress`` callback of a warm that moves it."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=err(), transient=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err(), transient=True) as bar:
+        task = bar.add_task("warming", total=None)
 
+        def tick(done: int, total: int, sizes: dict[str, int]) -> None:
+            label = ", ".join(f"{k}={v}" for k, v in sizes.items())
+            bar.update(task, completed=done, total=total, description=f"warming {label}".strip())
 
-def _ticker(progress: Any) -> Callable[[int, int, dict[str, int]], None]:
-    task = progress.add_task("warming", total=None)
-
-    def tick(done: int, total: int, sizes: dict[str, int]) -> None:
-        label = ", ".join(f"{k}={v}" for k, v in sizes.items())
-        progress.update(task, completed=done, total=total, description=f"warming {label}".strip())
-
-    return tick
+        yield tick
 
 
 def _warm_plans(obj: StoreOpener, path: str, memory: int, ratio: float, kind: str, dry_run: bool,
@@ -221,8 +213,8 @@ def _warm_plans(obj: StoreOpener, path: str, memory: int, ratio: float, kind: st
 
     loaded = load_plans(path)
     store = obj.store()
-    with _progress() as progress:
-        report = warm_plans(loaded, store, Budget(kind, memory, ratio), dry_run=dry_run, progress=_ticker(progress))
+    with _progress() as tick:
+        report = warm_plans(loaded, store, Budget(kind, memory, ratio), dry_run=dry_run, progress=tick)
     _print_report(report, as_json)
 
 
