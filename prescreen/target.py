@@ -77,17 +77,17 @@ def shape_points(shapes: tuple[ShapeRange, ...], count: int) -> Iterator[dict[st
         yield dict(zip(names, values))
 
 
-#: torch.compile's modes (``torch.compile(mode=...)``).
-MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-
-#: The device kinds a decision can be for (``--device-kind``).
-DEVICE_KINDS: tuple[str, ...] = ("npu", "cuda", "xpu", "cpu")
-
-#: The keys a warm spec may hold, each the name of a ``prescreen warm`` option with ``-`` as ``_``.
-SPEC_KEYS: tuple[str, ...] = (
-    "target", "shapes", "plans", "device", "device_kind", "device_memory", "ratio", "mode", "points",
-    "inductor_config",
-)
+#: The keys a warm spec may hold, each the name of a ``prescreen warm`` parameter (``-`` as ``_``), and the type
+#: its value must have; the value itself is checked by the option's click type, as a command-line value is.
+SPEC_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "target": ((str,), "a string"), "shapes": ((Mapping,), "a table of NAME = 'MIN..MAX'"),
+    "plans": ((str,), "a string"), "device": ((str,), "a string"), "device_kind": ((str,), "a string"),
+    "device_memory": ((str, int), 'a size such as "64GiB" or a byte count'),
+    "ratio": ((str, int, float), "a number in (0, 1]"), "mode": ((str,), "a string"),
+    "points": ((int,), "a whole number"), "inductor_config": ((str, list, Mapping), "a table, a list of "
+                                                              "'KEY=VALUE' strings or one such string"),
+}
+SPEC_KEYS = tuple(SPEC_TYPES)
 
 #: Leading text of a ``KEY=VALUE`` item (a dotted Inductor key such as ``triton.cudagraphs`` included).
 _ITEM_START = re.compile(r",\s*(?=[A-Za-z_][A-Za-z0-9_.]*\s*=)")
@@ -110,26 +110,7 @@ class Spec:
     inductor_config: tuple[str, ...] = ()
 
 
-def check_mode(mode: str, source: str = "--mode") -> str:
-    """``mode`` if torch.compile knows it, else a ConfigError naming ``source`` and the modes."""
-    if mode not in MODES:
-        raise ConfigError(f"{source} {mode!r} is not a torch.compile mode (expected one of {', '.join(MODES)})")
-    return mode
-
-
-def check_device_kind(kind: str, source: str = "--device-kind") -> str:
-    if kind not in DEVICE_KINDS:
-        raise ConfigError(f"{source} {kind!r} is not a device kind (expected one of {', '.join(DEVICE_KINDS)})")
-    return kind
-
-
-def check_points(points: object, source: str = "--points") -> int:
-    if isinstance(points, bool) or not isinstance(points, int) or not 1 <= points <= 16:
-        raise ConfigError(f"{source} {points!r} is not a whole number from 1 to 16")
-    return points
-
-
-def split_inductor_config(value: object, source: str) -> tuple[str, ...]:
+def split_inductor_config(value: str | list[str] | Mapping[str, object]) -> tuple[str, ...]:
     """``KEY=VALUE`` items from a spec's ``inductor_config``: a table, a list of items, or one string.
 
     A string may hold several items separated by commas (``"freezing=True, max_autotune=True"``);
@@ -139,10 +120,7 @@ def split_inductor_config(value: object, source: str) -> tuple[str, ...]:
         return tuple(item.strip() for item in _ITEM_START.split(value) if item.strip())
     if isinstance(value, Mapping):
         return tuple(f"{k}={v}" for k, v in value.items())
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return tuple(value)
-    raise ConfigError(f"{source}: 'inductor_config' must be a table, a list of 'KEY=VALUE' strings or one such "
-                      f"string, got {value!r}")
+    return tuple(str(v) for v in value)
 
 
 def _spec_shape(name: object, value: object, where: str) -> ShapeRange:
@@ -166,7 +144,10 @@ def _spec_shape(name: object, value: object, where: str) -> ShapeRange:
 
 
 def load_spec(path: str | Path) -> Spec:
-    """A TOML or JSON warm spec, checked: an unknown key or a value of the wrong type is a ConfigError."""
+    """A TOML or JSON warm spec: an unknown key, a value of the wrong type or a bad shape is a ConfigError.
+
+    The other values are checked where they are used, by ``prescreen warm``'s option types.
+    """
     p = Path(path)
     where = f"spec {str(p)!r}"
     try:
@@ -196,37 +177,14 @@ def load_spec(path: str | Path) -> Spec:
                  for k in unknown]
         raise ConfigError(f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(hints)} "
                           f"(known: {', '.join(SPEC_KEYS)})")
-
-    def text_of(key: str) -> str | None:
-        value = data.get(key)
-        if value is not None and not isinstance(value, str):
-            raise ConfigError(f"{where}: {key!r} must be a string, got {value!r}")
-        return value
-
-    shapes = data.get("shapes", {})
-    if not isinstance(shapes, Mapping):
-        raise ConfigError(f"{where}: 'shapes' must map names to 'MIN..MAX'")
-    memory = data.get("device_memory")
-    if memory is not None and (isinstance(memory, bool) or not isinstance(memory, (str, int))):
-        raise ConfigError(f"{where}: 'device_memory' must be a size such as \"64GiB\" or a byte count, got {memory!r}")
-    ratio = data.get("ratio")
-    if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (str, int, float))):
-        raise ConfigError(f"{where}: 'ratio' must be a number in (0, 1], got {ratio!r}")
-    mode, kind, points = text_of("mode"), text_of("device_kind"), data.get("points")
-    return Spec(
-        path=str(p),
-        target=text_of("target"),
-        shapes=tuple(_spec_shape(k, v, where) for k, v in shapes.items()),
-        plans=text_of("plans"),
-        device=text_of("device"),
-        device_kind=check_device_kind(kind, f"{where}: device_kind") if kind is not None else None,
-        device_memory=memory,
-        ratio=ratio,
-        mode=check_mode(mode, f"{where}: mode") if mode is not None else None,
-        points=check_points(points, f"{where}: points") if points is not None else None,
-        inductor_config=(split_inductor_config(data["inductor_config"], where)
-                         if data.get("inductor_config") is not None else ()),
-    )
+    for key, value in data.items():
+        types, what = SPEC_TYPES[key]
+        if isinstance(value, bool) or not isinstance(value, types) or (
+                isinstance(value, list) and not all(isinstance(v, str) for v in value)):
+            raise ConfigError(f"{where}: {key!r} must be {what}, got {value!r}")
+    values = {k: v for k, v in data.items() if k not in ("shapes", "inductor_config")}
+    return Spec(path=str(p), shapes=tuple(_spec_shape(k, v, where) for k, v in data.get("shapes", {}).items()),
+                inductor_config=split_inductor_config(data.get("inductor_config", ())), **values)
 
 
 def load_target(spec: str) -> Callable[..., Any]:

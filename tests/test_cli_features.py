@@ -284,6 +284,18 @@ def test_wider_terminals_get_the_widest_layout_that_fits(filled: Path, columns: 
     assert ("created" in names) == (columns >= 200)  # all eleven columns need about 190
 
 
+@pytest.mark.parametrize(("text", "needle"), [
+    ("points = 0", "points: 0 is not in the range 1<=x<=16"),
+    ('mode = "nonsense"', "mode: 'nonsense' is not one of 'default'"),
+    ('device_kind = "banana"\nplans = "p.json"', "device_kind: 'banana' is not one of 'npu'"),
+    ('device_memory = "lots"\nplans = "p.json"', "device_memory 'lots' is not a memory size"),
+])
+def test_a_spec_value_is_checked_as_its_option_is(tmp_path: Path, text: str, needle: str) -> None:
+    spec = tmp_path / "w.toml"
+    spec.write_text('target = "m:f"\n' * ("plans" not in text) + text + "\n")
+    assert_cli_error(invoke(tmp_path / "c", "warm", "--spec", str(spec)), f"spec '{spec}': {needle}")
+
+
 def test_a_bad_spec_value_names_the_spec(tmp_path: Path, plans_file: Path) -> None:
     spec = tmp_path / "w.toml"
     spec.write_text(f'plans = "{plans_file}"\nratio = 2\ndevice_memory = "0.5"\n')

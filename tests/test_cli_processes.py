@@ -53,7 +53,7 @@ NO_TORCH_ERRORS: list[tuple[list[str], dict[str, str], str]] = [
     (["export"], {}, "missing argument PATH"),
     (["export", "{tmp}/no/such/dir/out.json"], {}, "no directory"),
     (["export", "/proc/prescreen-test.json"], {}, "cannot write bundle '/proc/prescreen-test.json'"),
-    (["warm", "--spec", "{spec_points_abc}"], {}, "points 'abc' is not a whole number from 1 to 16"),
+    (["warm", "--spec", "{spec_points_abc}"], {}, "'points' must be a whole number, got 'abc'"),
     (["warm", "--spec", "{spec_batch_min_only}"], {}, "shape 'batch' must be 'MIN..MAX' or {min = MIN, max = MAX}"),
     (["warm", "--spec", "{spec_dashed_key}"], {}, "unknown key 'device-memory' (did you mean 'device_memory'?)"),
     (["warm", "--spec", "{spec_inductor_config_number}"], {}, "'inductor_config' must be a table"),

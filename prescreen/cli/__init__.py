@@ -33,16 +33,16 @@ def fail(message: str) -> NoReturn:
 
 
 def _usage_line(exc: click.ClickException) -> str:
-    """Click's usage error as one line in prescreen's wording, with where to find help."""
-    text = " ".join(exc.format_message().split()).rstrip(".")
-    bad_value = re.match(r"^Invalid value for '([^']+)': (.*)$", text)
-    if bad_value:
-        rest = bad_value.group(2)
-        text = f"{bad_value.group(1)}: {rest[:1].lower()}{rest[1:]}"
-    else:
-        text = re.sub(r"^Missing (argument|option) '([^']+)'", r"missing \1 \2", text)
-        text = text[:1].lower() + text[1:]
+    """Click's usage error as one line in prescreen's wording, naming where a bad value came from (the option,
+    or the ``--spec`` key), with where to find help."""
     ctx = getattr(exc, "ctx", None)
+    param = getattr(exc, "param", None)
+    if type(exc) is click.BadParameter and ctx is not None and param is not None and param.name:
+        text = f"{given_as(ctx, param.name)}: {exc.message[:1].lower()}{exc.message[1:]}"
+    else:
+        text = re.sub(r"^Missing (argument|option) '([^']+)'", r"missing \1 \2", exc.format_message())
+        text = text[:1].lower() + text[1:]
+    text = " ".join(text.split()).rstrip(".")
     return text if ctx is None else f"{text} (see '{ctx.command_path} --help')"
 
 
