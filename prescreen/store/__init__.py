@@ -24,9 +24,10 @@ from prescreen.store.clear import (
     match_older_than,
     parse_duration,
 )
-from prescreen.store.disk import DiskStore, default_cache_dir, resolve_size_limit
+from prescreen.store.disk import DiskStore
 from prescreen.store.entry import Entry, InvalidEntry
 from prescreen.store.tiered import TieredStore
+from prescreen.store.trust import default_cache_dir, resolve_size_limit
 from prescreen.store.verify import verify_entry
 
 if TYPE_CHECKING:

@@ -30,12 +30,10 @@ is a ``ConfigError``.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import fcntl
 import math
 import os
-import tempfile
 import threading
 import time
 import weakref
@@ -45,9 +43,7 @@ from typing import IO, TypeVar
 
 from diskcache.core import DBNAME
 
-from prescreen.budget import parse_memory
 from prescreen.decision import is_observed_oom
-from prescreen.errors import ConfigError
 from prescreen.store.base import Store, StoreStats, log
 from prescreen.store.entry import Entry, outranks
 from prescreen.store.faults import Fault, classify
@@ -61,122 +57,41 @@ from prescreen.store.recovery import (
     remove_orphans,
     salvage,
 )
-from prescreen.store.textdisk import BoundedOpenCache, Missing, ReadOnlyCache, TextDisk
+from prescreen.store.textdisk import (
+    HITS_PREFIX,
+    BoundedOpenCache,
+    HitBuffer,
+    Missing,
+    ReadOnlyCache,
+    TextDisk,
+    hit_count,
+    write_hits,
+)
 from prescreen.store.trust import (
     InsecureDirectory,
     check_directory,
     check_owned_file,
     create_private_file,
+    default_cache_dir,
+    fixed_location,
     private_directory,
+    resolve_size_limit,
     value_file,
 )
 
-CACHE_DIR_ENV = "PRESCREEN_CACHE_DIR"
-SIZE_LIMIT_ENV = "PRESCREEN_CACHE_SIZE_LIMIT"
-DEFAULT_SIZE_LIMIT = 2**30
 DEFAULT_TIMEOUT = 0.5
 DEFAULT_COOLDOWN = 30.0
 DEFAULT_WRITE_WAIT = 5.0  # how long a put retries through a locked database before it gives up
-HITS_PREFIX = "hits:"
 #: SQLite memory-maps no part of the database (diskcache maps 64 MiB): right after another connection
 #: committed (another process), reading a row not read before through
 #: the map cost 1.3x to 4.9x a read into SQLite's own page cache with the CPU caches cold, 2x to 4x hot
 #: (measured by the retired bench/bench_cold_lookup.py). A per-connection pragma, kept in the cache's Settings table, so every
 #: connection that opens the directory uses it.
 SQLITE_MMAP_SIZE = 0
-MAX_HITS = 2**62  # counters saturate here, far inside SQLite's 64-bit integers
-NAME_MAX, PATH_MAX = 255, 4096  # bytes in a path component, in a whole path (Linux)
 RECOVERY_WAIT = 10.0  # how long a recovering process waits for another one's recovery (openers: ``timeout``)
 
 
-class _HitBuffer:
-    """Hit counts not yet written, and the open cache to write them to.
-
-    Counting a hit in the database on every read would cost a commit per read; counts are statistics, so
-    they are written on ``close``, ``stats``, ``entries`` and exit. Held apart from the store so that a
-    ``weakref.finalize`` can flush it both when the store is garbage-collected and at interpreter exit,
-    whichever comes first: every hit counted in a process that exits normally is stored.
-    """
-
-    def __init__(self) -> None:
-        self.pending: collections.Counter[str] = collections.Counter()
-        self.lock = threading.Lock()
-        self.cache: BoundedOpenCache | None = None
-
-    def take(self) -> collections.Counter[str]:
-        with self.lock:
-            pending, self.pending = self.pending, collections.Counter()
-        return pending
-
-    def final_flush(self) -> None:
-        """The finalizer: write what is pending, never raising (the store is gone or the interpreter exits)."""
-        pending, cache = self.take(), self.cache
-        if pending and cache is not None:
-            try:
-                write_hits(cache, pending)
-            except Exception:  # a hit count is statistics: never fail a collection or an exit for it
-                pass
-
 T = TypeVar("T")
-
-
-def default_cache_dir() -> Path:
-    """``$PRESCREEN_CACHE_DIR``, else ``$TORCHINDUCTOR_CACHE_DIR/prescreen``, else the user cache dir."""
-    explicit = os.environ.get(CACHE_DIR_ENV)
-    if explicit:
-        return Path(explicit).expanduser()
-    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if inductor:
-        return Path(inductor).expanduser() / "prescreen"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        return Path(xdg).expanduser() / "prescreen"
-    try:
-        return Path.home() / ".cache" / "prescreen"
-    except (RuntimeError, KeyError):  # no HOME and no passwd entry
-        return Path(tempfile.gettempdir()) / f"prescreen-{os.getuid()}"
-
-
-def fixed_location(directory: Path) -> Path:
-    """``directory`` made absolute, once, when the store opens: a later ``os.chdir`` moves nothing (every
-    write, every thread's connection, every check goes to the same files). A ``ConfigError`` names a path
-    no file system takes: a NUL byte, a component over ``NAME_MAX`` bytes, ``PATH_MAX`` bytes in all."""
-    text = os.fspath(directory)
-    if "\0" in text:
-        raise ConfigError(f"cache directory {text!r} holds a NUL byte")
-    try:
-        absolute = directory.absolute()
-    except OSError as exc:  # relative, and the working directory was removed
-        raise ConfigError(f"cache directory {text!r} is relative and the working directory is gone "
-                          f"({exc.strerror})") from None
-    for part in absolute.parts:
-        size = len(os.fsencode(part))
-        if size > NAME_MAX:
-            raise ConfigError(f"cache directory {text[:60]!r}...: the component {part[:24]!r}... is {size} bytes, "
-                              f"over the {NAME_MAX}-byte limit of a file name")
-    if len(os.fsencode(absolute / DBNAME)) >= PATH_MAX:
-        raise ConfigError(f"cache directory {text[:60]!r}... is over the {PATH_MAX}-byte limit of a path")
-    return absolute
-
-
-def resolve_size_limit(size_limit: int | str | None = None) -> int:
-    """Bytes from the argument, else ``$PRESCREEN_CACHE_SIZE_LIMIT`` (e.g. ``512MiB``), else 1 GiB."""
-    if size_limit is not None:
-        source, raw = "size_limit", size_limit
-    else:
-        raw = os.environ.get(SIZE_LIMIT_ENV, "").strip()
-        if not raw:
-            return DEFAULT_SIZE_LIMIT
-        source = SIZE_LIMIT_ENV
-    try:
-        return parse_memory(raw)
-    except ConfigError:
-        raise ConfigError(f"{source}={raw!r} is not a size (expected e.g. 1GiB, 512MiB or a byte count)") from None
-
-
-def hit_count(value: object) -> int | None:
-    """A stored hit counter, or None when the value is not a sane non-negative integer."""
-    return value if type(value) is int and 0 <= value < MAX_HITS else None
 
 
 def _file_id(path: Path) -> tuple[int, int] | None:
@@ -189,15 +104,6 @@ def _file_id(path: Path) -> tuple[int, int] | None:
 
 def _is_entry_key(key: object) -> bool:
     return isinstance(key, str) and not key.startswith(HITS_PREFIX)
-
-
-def write_hits(cache: BoundedOpenCache, pending: collections.Counter[str]) -> None:
-    """Add ``pending`` to the stored counters in one transaction; a counter that is not an integer restarts."""
-    with cache.transact():
-        for key, count in pending.items():
-            if key in cache:
-                name = HITS_PREFIX + key
-                cache.set(name, min((hit_count(cache.get(name)) or 0) + count, MAX_HITS))
 
 
 class DiskStore(Store):
@@ -225,7 +131,7 @@ class DiskStore(Store):
         write_wait: float = DEFAULT_WRITE_WAIT,
     ) -> None:
         super().__init__()
-        self._hits = _HitBuffer()  # holds the open cache (``_cache``) too
+        self._hits = HitBuffer()  # holds the open cache (``_cache``) too
         self.directory = fixed_location(Path(directory).expanduser() if directory is not None else default_cache_dir())
         self.location = str(self.directory)
         self._db_path = self.directory / DBNAME
@@ -473,9 +379,12 @@ class DiskStore(Store):
     # -- the Store interface ----------------------------------------------------
 
     def _read(self, key: str) -> object:
+        """The stored value under ``key``; a row whose value file is gone (a delete or eviction killed half-way)
+        is deleted and reads as None."""
         raw = self._run(False, lambda c: c.get(key), None)
         if isinstance(raw, Missing):
             self._drop_missing(key, raw.filename)
+            return None
         return raw
 
     def _drop_missing(self, key: str, filename: str) -> None:
@@ -505,7 +414,7 @@ class DiskStore(Store):
         return self.refused is None and self._writes_paused_until != math.inf  # not refused, not read-only
 
     def _hit(self, key: str) -> tuple[Entry | None, int]:
-        """The valid entry under ``key`` (its hit counted in ``_HitBuffer``) and its hits not yet written."""
+        """The valid entry under ``key`` (its hit counted in ``HitBuffer``) and its hits not yet written."""
         entry = self.decode(key, self._read(key))
         if entry is None:
             self.misses += 1
@@ -518,7 +427,7 @@ class DiskStore(Store):
             return entry, self._hits.pending[key]
 
     def flush_hits(self) -> None:
-        """Write the hit counts gathered since the last flush (one transaction; see ``_HitBuffer``)."""
+        """Write the hit counts gathered since the last flush (one transaction; see ``HitBuffer``)."""
         pending = self._hits.take()
         if not pending or self._cache is None:
             return
@@ -550,41 +459,26 @@ class DiskStore(Store):
 
         return self._run(True, add, False, force=is_observed_oom(entry.decision), wait=self.write_wait)
 
+    def _entry_rows(self) -> list[tuple[str, object]]:
+        """(key, value file name) of every stored entry, valid or not."""
+        none: list[tuple[object, object]] = []
+        rows = self._run(False, lambda c: c.key_rows(), none)
+        return [(key, name) for key, name in rows if isinstance(key, str) and _is_entry_key(key)]
+
     def keys(self) -> list[str]:
         """Every entry key stored (valid or not), except rows whose value file is gone."""
-        return self._key_rows()[0]
+        directory = str(self.directory)
 
-    def _key_rows(self) -> tuple[list[str], list[tuple[str, str]]]:
-        """(keys of the stored entries, (key, file) of the rows whose value file is gone)."""
+        def present(name: object) -> bool:
+            path = None if name is None else value_file(directory, name)
+            return path is None or os.path.exists(path)  # a bad name is an invalid entry, still stored
 
-        def read(cache: BoundedOpenCache | ReadOnlyCache) -> tuple[list[str], list[tuple[str, str]]]:
-            rows = cache.key_rows()
-            live: list[str] = []
-            missing: list[tuple[str, str]] = []
-            for key, filename in rows:
-                if isinstance(key, str) and _is_entry_key(key):
-                    if self._file_present(filename):
-                        live.append(key)
-                    elif isinstance(filename, str):
-                        missing.append((key, filename))
-            return live, missing
-
-        nothing: tuple[list[str], list[tuple[str, str]]] = ([], [])
-        return self._run(False, read, nothing)
-
-    def _file_present(self, filename: object) -> bool:
-        if filename is None:
-            return True
-        path = value_file(str(self.directory), filename)
-        return path is None or os.path.exists(path)  # a bad name is an invalid entry, still stored
+        return [key for key, name in self._entry_rows() if present(name)]
 
     def entries(self) -> Iterator[Entry]:
         self.flush_hits()
-        live, missing = self._key_rows()
-        for key, filename in missing:
-            self._drop_missing(key, filename)
-        for key in live:
-            entry = self.decode(key, self._read(key))
+        for key, _ in self._entry_rows():
+            entry = self.decode(key, self._read(key))  # a row whose file is gone is cleaned by the read
             if entry is not None:
                 yield entry.with_hits(self._stored_hits(key))
 

@@ -26,6 +26,7 @@ rows with the same ``TextDisk``.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import errno
@@ -43,6 +44,8 @@ from prescreen.store.entry import MAX_ENTRY_BYTES
 from prescreen.store.trust import NotRegularFile, create_private_file, open_regular, value_file
 
 _MODE_NAMES = {MODE_RAW: "raw", MODE_BINARY: "binary", MODE_TEXT: "text", MODE_PICKLE: "pickle"}
+HITS_PREFIX = "hits:"  # a hit counter, an integer, lives under this prefix + the entry's key
+MAX_HITS = 2**62  # counters saturate here, far inside SQLite's 64-bit integers
 KEY_ROWS = "SELECT key, filename FROM Cache WHERE raw = 1 ORDER BY rowid"
 
 
@@ -259,3 +262,46 @@ class ReadOnlyCache:
 
     def close(self) -> None:
         self.con.close()
+
+
+def hit_count(value: object) -> int | None:
+    """A stored hit counter, or None when the value is not a sane non-negative integer."""
+    return value if type(value) is int and 0 <= value < MAX_HITS else None
+
+
+class HitBuffer:
+    """Hit counts not yet written, and the open cache to write them to.
+
+    Counting a hit in the database on every read would cost a commit per read; counts are statistics, so
+    they are written on ``close``, ``stats``, ``entries`` and exit. Held apart from the store so that a
+    ``weakref.finalize`` can flush it both when the store is garbage-collected and at interpreter exit,
+    whichever comes first: every hit counted in a process that exits normally is stored.
+    """
+
+    def __init__(self) -> None:
+        self.pending: collections.Counter[str] = collections.Counter()
+        self.lock = threading.Lock()
+        self.cache: BoundedOpenCache | None = None
+
+    def take(self) -> collections.Counter[str]:
+        with self.lock:
+            pending, self.pending = self.pending, collections.Counter()
+        return pending
+
+    def final_flush(self) -> None:
+        """The finalizer: write what is pending, never raising (the store is gone or the interpreter exits)."""
+        pending, cache = self.take(), self.cache
+        if pending and cache is not None:
+            try:
+                write_hits(cache, pending)
+            except Exception:  # a hit count is statistics: never fail a collection or an exit for it
+                pass
+
+
+def write_hits(cache: BoundedOpenCache, pending: collections.Counter[str]) -> None:
+    """Add ``pending`` to the stored counters in one transaction; a counter that is not an integer restarts."""
+    with cache.transact():
+        for key, count in pending.items():
+            if key in cache:
+                name = HITS_PREFIX + key
+                cache.set(name, min((hit_count(cache.get(name)) or 0) + count, MAX_HITS))

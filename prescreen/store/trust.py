@@ -1,4 +1,7 @@
-"""Trust: who may write the cache directory, which paths a row may name, and signed entries.
+"""Trust: where the cache directory is, who may write it, which paths a row may name, and signed entries.
+
+Location: ``default_cache_dir`` and ``fixed_location`` (an absolute path, fixed when the store opens, that a
+file system can take); ``resolve_size_limit``.
 
 Directories and files. The store's files decide what a compile does, so a
 directory another user can write is a way to plant a decision (a ``tune``
@@ -59,17 +62,79 @@ import hmac
 import os
 import re
 import stat
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from diskcache.core import DBNAME
+
+from prescreen.budget import parse_memory
 from prescreen.decision import DETAIL_FIELDS
 from prescreen.errors import ConfigError
 from prescreen.plan import canonical_json
 
+CACHE_DIR_ENV = "PRESCREEN_CACHE_DIR"
+SIZE_LIMIT_ENV = "PRESCREEN_CACHE_SIZE_LIMIT"
+DEFAULT_SIZE_LIMIT = 2**30
+NAME_MAX, PATH_MAX = 255, 4096  # bytes in a path component, in a whole path (Linux)
 _VALUE_NAME = re.compile(r"[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{28}\.val")
 MAX_SYMLINKS = 40  # as Linux's ELOOP limit: more links on one path is a loop
 _KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
           stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFLNK: "a symlink"}
+
+
+def default_cache_dir() -> Path:
+    """``$PRESCREEN_CACHE_DIR``, else ``$TORCHINDUCTOR_CACHE_DIR/prescreen``, else the user cache dir."""
+    explicit = os.environ.get(CACHE_DIR_ENV)
+    if explicit:
+        return Path(explicit).expanduser()
+    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if inductor:
+        return Path(inductor).expanduser() / "prescreen"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg).expanduser() / "prescreen"
+    try:
+        return Path.home() / ".cache" / "prescreen"
+    except (RuntimeError, KeyError):  # no HOME and no passwd entry
+        return Path(tempfile.gettempdir()) / f"prescreen-{os.getuid()}"
+
+
+def fixed_location(directory: Path) -> Path:
+    """``directory`` made absolute, once, when the store opens: a later ``os.chdir`` moves nothing (every
+    write, every thread's connection, every check goes to the same files). A ``ConfigError`` names a path
+    no file system takes: a NUL byte, a component over ``NAME_MAX`` bytes, ``PATH_MAX`` bytes in all."""
+    text = os.fspath(directory)
+    if "\0" in text:
+        raise ConfigError(f"cache directory {text!r} holds a NUL byte")
+    try:
+        absolute = directory.absolute()
+    except OSError as exc:  # relative, and the working directory was removed
+        raise ConfigError(f"cache directory {text!r} is relative and the working directory is gone "
+                          f"({exc.strerror})") from None
+    for part in absolute.parts:
+        size = len(os.fsencode(part))
+        if size > NAME_MAX:
+            raise ConfigError(f"cache directory {text[:60]!r}...: the component {part[:24]!r}... is {size} bytes, "
+                              f"over the {NAME_MAX}-byte limit of a file name")
+    if len(os.fsencode(absolute / DBNAME)) >= PATH_MAX:
+        raise ConfigError(f"cache directory {text[:60]!r}... is over the {PATH_MAX}-byte limit of a path")
+    return absolute
+
+
+def resolve_size_limit(size_limit: int | str | None = None) -> int:
+    """Bytes from the argument, else ``$PRESCREEN_CACHE_SIZE_LIMIT`` (e.g. ``512MiB``), else 1 GiB."""
+    if size_limit is not None:
+        source, raw = "size_limit", size_limit
+    else:
+        raw = os.environ.get(SIZE_LIMIT_ENV, "").strip()
+        if not raw:
+            return DEFAULT_SIZE_LIMIT
+        source = SIZE_LIMIT_ENV
+    try:
+        return parse_memory(raw)
+    except ConfigError:
+        raise ConfigError(f"{source}={raw!r} is not a size (expected e.g. 1GiB, 512MiB or a byte count)") from None
 
 
 class InsecureDirectory(Exception):
