@@ -74,25 +74,17 @@ def filter_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def selection(key_prefix: str | None = None, kernel: str | None = None, device: str | None = None,
               decision: str | None = None, older_than: str | None = None, *, required: bool = False,
               everything: bool = False) -> Predicate:
-    """The entries the filter options select; with ``required`` (clear), no filter is an error."""
+    """The entries the filter options select, all where none is given; with ``required`` (clear), no filter is an
+    error, and ``everything`` (clear --all) takes no filter."""
     from prescreen.store.clear import build_predicate, match_all
 
-    given = any(v is not None for v in (key_prefix, kernel, device, older_than, decision))
-    if not given and not required and not everything:
-        base = match_all()
-    else:
-        try:
-            base = build_predicate(everything=everything, key_prefix=key_prefix, kernel=kernel, device=device,
-                                   older_than=older_than)
-        except ConfigError as exc:
-            if decision is None or "nothing selected" not in str(exc):
-                raise
-            base = match_all()
-        if everything and decision is not None:
-            raise ConfigError("--all cannot be combined with other filters")
-    if decision is None:
-        return base
-    return lambda e: e.decision.action == decision and base(e)
+    if everything and decision is not None:
+        raise ConfigError("--all cannot be combined with other filters")
+    filtered = any(v is not None for v in (key_prefix, kernel, device, older_than))
+    base = (build_predicate(everything=everything, key_prefix=key_prefix, kernel=kernel, device=device,
+                            older_than=older_than)
+            if filtered or everything or (required and decision is None) else match_all())
+    return base if decision is None else lambda e: e.decision.action == decision and base(e)
 
 
 def _one(store: Store, key: str) -> Entry:
@@ -274,9 +266,7 @@ def clear(obj: StoreOpener, everything: bool, key_prefix: str | None, kernel: st
 
     if observed and everything:
         raise ConfigError("--all cannot be combined with --observed")
-    filtered = any(v is not None for v in (key_prefix, kernel, device, decision, older_than))
-    base = selection(key_prefix, kernel, device, decision, older_than, required=not observed or filtered,
-                     everything=everything)
+    base = selection(key_prefix, kernel, device, decision, older_than, required=not observed, everything=everything)
     chosen = (lambda e: is_observed_oom(e.decision) and base(e)) if observed else base
     store = obj.store()
     doomed = [e for e in store.entries() if chosen(e)]
