@@ -49,13 +49,14 @@ from prescreen.store.entry import Entry, outranks
 from prescreen.store.faults import Fault, classify
 from prescreen.store.recovery import (
     LOCK_NAME,
+    file_id,
     flock_within,
     needs_salvage,
     open_lock_file,
-    quarantine,
+    recover,
     recovery_lock,
     remove_orphans,
-    salvage,
+    resume,
 )
 from prescreen.store.textdisk import (
     HITS_PREFIX,
@@ -85,21 +86,12 @@ DEFAULT_WRITE_WAIT = 5.0  # how long a put retries through a locked database bef
 #: SQLite memory-maps no part of the database (diskcache maps 64 MiB): right after another connection
 #: committed (another process), reading a row not read before through
 #: the map cost 1.3x to 4.9x a read into SQLite's own page cache with the CPU caches cold, 2x to 4x hot
-#: (measured by the retired bench/bench_cold_lookup.py). A per-connection pragma, kept in the cache's Settings table, so every
+#: (``bench/bench_cold_lookup.py``). A per-connection pragma, kept in the cache's Settings table, so every
 #: connection that opens the directory uses it.
 SQLITE_MMAP_SIZE = 0
-RECOVERY_WAIT = 10.0  # how long a recovering process waits for another one's recovery (openers: ``timeout``)
 
 
 T = TypeVar("T")
-
-
-def _file_id(path: Path) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
 
 
 def _is_entry_key(key: object) -> bool:
@@ -198,10 +190,10 @@ class DiskStore(Store):
                     )
                 create_private_file(self._db_path)  # SQLite gives -wal/-shm the database's mode
                 cache = self._new_cache()
-                identity = _file_id(self._db_path)
+                identity = file_id(self._db_path)
             self._cache, self._db_id, self._healthy = cache, identity, True
             if needs_salvage(self.directory):
-                self._resume()
+                resume(cache, self.directory, self.signer)
             return
         except Exception as exc:  # every open failure degrades the same way
             fault, error = classify(exc), exc
@@ -219,33 +211,15 @@ class DiskStore(Store):
         self.warn_once(fault.value, f"{error}; the store is off for {self.cooldown:g} s")
         self._open_again_at = time.monotonic() + self.cooldown
 
-    def _resume(self) -> None:
-        """Finish a recovery another process started and did not finish (it was killed), if nobody is on it."""
-        try:
-            with recovery_lock(self.directory, wait=0.0):
-                assert self._cache is not None
-                restored = salvage(self._cache, self.directory, self.signer)
-        except Exception:  # held: the recovering process finishes it; else the next open tries again
-            return
-        log.info("prescreen disk store at %s: finished an interrupted recovery (%d entries restored)",
-                 self.location, restored)
-
     def _recover(self, error: BaseException) -> bool:
-        """Move a corrupt ``cache.db`` aside, open a fresh one and restore what is valid."""
+        """Move a corrupt ``cache.db`` aside, open a fresh one and restore what is valid (``recovery.recover``)."""
         try:
-            with recovery_lock(self.directory, wait=max(self.timeout, RECOVERY_WAIT)):
-                moved = quarantine(self.directory, self.timeout)
-                create_private_file(self._db_path)
-                cache = self._new_cache()
-                identity = _file_id(self._db_path)
-                restored = salvage(cache, self.directory, self.signer)
+            cache, identity, moved, restored = recover(self.directory, self.timeout, self.signer, self._new_cache)
         except Exception as exc:
             self.warn_once(Fault.CORRUPT.value, f"{error}; recovery failed: {exc}")
             return False
         self._cache, self._db_id, self._healthy = cache, identity, True
         if moved is not None:
-            if not moved.exists():  # salvaged: renamed so that no later open salvages it again
-                moved = moved.with_name(moved.name.replace(".corrupt-", ".salvaged-"))
             self.recovered = (moved.name, restored)
             self.warn_once(
                 Fault.CORRUPT.value,
@@ -297,7 +271,7 @@ class DiskStore(Store):
         """
         if self._cache is None:
             return
-        if _file_id(self._db_path) != self._db_id:
+        if file_id(self._db_path) != self._db_id:
             with self._lock:
                 self._close_handles()
                 self._open()

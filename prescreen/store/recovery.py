@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import re
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -31,13 +32,15 @@ import diskcache
 from diskcache.core import DBNAME
 
 from prescreen.store.entry import MAX_ENTRY_BYTES, InvalidEntry, read_stored
-from prescreen.store.textdisk import TextDisk, read_value_file
+from prescreen.store.textdisk import BoundedOpenCache, TextDisk, read_value_file
 from prescreen.store.trust import Signer, create_private_file, open_regular, value_file
 
+log = logging.getLogger("prescreen.store")
 LOCK_NAME = "recovery.lock"
 PENDING_NAME = "recovery.pending"
 MOVED_PREFIX: str = DBNAME + ".corrupt-"
 LOCK_WAIT = 30.0
+RECOVERY_WAIT = 10.0  # how long a recovering process waits for another one's recovery (openers: their timeout)
 _SUFFIX = re.compile(r"[0-9]+-[0-9]+")
 _ROWID_GAP = 10_000  # without max(rowid), keep trying this many rowids past the last one found
 
@@ -300,3 +303,39 @@ def remove_orphans(cache: diskcache.Cache, directory: Path) -> int:
 def needs_salvage(directory: Path) -> bool:
     """A recovery was started and not finished (killed, or another process is on it)."""
     return (directory / PENDING_NAME).exists()
+
+
+def file_id(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of ``path``, None if it cannot be read: which file a store opened."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def recover(
+    directory: Path, timeout: float, signer: Signer | None, open_fresh: Callable[[], BoundedOpenCache]
+) -> tuple[BoundedOpenCache, tuple[int, int] | None, Path | None, int]:
+    """Under the exclusive lock: move a still-corrupt ``cache.db`` aside, open a fresh one and restore what is
+    valid. Returns the fresh cache, its ``file_id``, the moved-aside database (None where ``cache.db`` was
+    healthy by then; named ``.salvaged-`` once salvaged) and how many entries were restored; raises on failure."""
+    with recovery_lock(directory, wait=max(timeout, RECOVERY_WAIT)):
+        moved = quarantine(directory, timeout)
+        create_private_file(directory / DBNAME)
+        cache = open_fresh()
+        identity = file_id(directory / DBNAME)
+        restored = salvage(cache, directory, signer)
+    if moved is not None and not moved.exists():  # salvaged: renamed so that no later open salvages it again
+        moved = moved.with_name(moved.name.replace(".corrupt-", ".salvaged-"))
+    return cache, identity, moved, restored
+
+
+def resume(cache: diskcache.Cache, directory: Path, signer: Signer | None) -> None:
+    """Finish a recovery another process started and did not finish (it was killed), if nobody is on it."""
+    try:
+        with recovery_lock(directory, wait=0.0):
+            restored = salvage(cache, directory, signer)
+    except Exception:  # held: the recovering process finishes it; else the next open tries again
+        return
+    log.info("prescreen disk store at %s: finished an interrupted recovery (%d entries restored)", directory, restored)
