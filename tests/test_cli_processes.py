@@ -103,7 +103,7 @@ NO_TORCH_ERRORS: list[tuple[list[str], dict[str, str], str]] = [
     (["warm", "{tiny}:mlp", "--device-kind", "cuda"], {}, "--device-kind applies to --plans only"),
     (["warm", "{tiny}:mlp", "--shape", "batch=1..4", "--shape", "batch=8"], {},
      "--shape batch is given twice (1..4 and 8..8)"),
-    (["warm", "--spec", "{spec_plans_with_shapes}"], {}, "'shapes' does not apply to --plans"),
+    (["warm", "--spec", "{spec_plans_with_shapes}"], {}, "plans_with_shapes.toml': shapes does not apply to --plans"),
 ]
 
 #: Errors only torch can tell (the target runs, the device is asked).
