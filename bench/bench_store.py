@@ -3,17 +3,14 @@
 Run: ``python bench/bench_store.py``. Prints machine info, then for each plan
 size (one-feature plans of 1 and 16 args, a mid plan of 16 args x 81 groups and
 a large one of 64 args x 289 groups) p50/p99 latencies of: recomputing the
-decision (for the same plan object, which reuses the estimator's compiled form of
-it, and for an equal plan object built anew); the first lookup of a plan in a process (hash the plan, read and
-validate the entry: the memos emptied before each sample); a repeated lookup
-of the same plan object and of an equal plan built anew (answered from the
-in-process memo); and the raw disk/Redis get and put. Ratios recompute/lookup
-are taken within the run. Then store reads/s with 1, 2, 4 and 8 processes on
-one DiskStore (the decision memo emptied before every lookup, so each one
-reads the store): each process warms up, all start together after a barrier and
-count in the same windows of one clock; the median window is reported, per
-round, with the load average, and the median over interleaved rounds. Redis is started on loopback if ``redis-server`` is on PATH
-(its rows are skipped otherwise).
+decision (for the same plan object and for an equal plan object built anew);
+a lookup (build the key, read and validate the entry: every lookup reads the
+store); and the raw disk/Redis get and put. Ratios recompute/lookup are taken
+within the run. Then store reads/s with 1, 2, 4 and 8 processes on one
+DiskStore: each process warms up, all start together after a barrier and count
+in the same windows of one clock; the median window is reported, per round,
+with the load average, and the median over interleaved rounds. Redis is started
+on loopback if ``redis-server`` is on PATH (its rows are skipped otherwise).
 """
 
 from __future__ import annotations
@@ -41,9 +38,9 @@ import torch
 
 from prescreen.budget import Budget
 from prescreen.decision import decide
-from prescreen.key import build_key, forget_plan_hashes
+from prescreen.key import build_key
 from prescreen.plan import KernelPlan
-from prescreen.service import Outcome, forget, lookup_or_decide
+from prescreen.service import Outcome, lookup_or_decide
 from prescreen.store import DiskStore, RedisStore, Store
 from prescreen.store.entry import Entry
 
@@ -60,8 +57,6 @@ ITERATIONS = {
     "mid": {"put": 60, "get": 400},
     "large": {"put": 12, "get": 80},
 }
-MEMO_SAMPLES = 400
-BATCH = 50  # repeated lookups per sample of the same plan object
 WARM_UP_SECONDS = 0.5
 WINDOW_SECONDS = 0.5
 WINDOWS = 6
@@ -185,53 +180,26 @@ def store_latency(store: Store, entries: list[Entry], gets: int) -> dict[str, li
     return out
 
 
-def first_lookups(store: Store, plans: list[KernelPlan], n: int) -> list[float]:
-    """A plan's first lookup in a process, on a warm store: plan hash + read + validate (memos emptied first)."""
+def lookups(store: Store, plans: list[KernelPlan], n: int) -> list[float]:
+    """Lookups on a warm store: key + read + validate."""
     out = []
     for i in range(n):
-        p = plans[i % len(plans)]
-        forget_plan_hashes()
-        forget(store)
         start = time.perf_counter()
-        got = lookup_or_decide(p, BUDGET, store)
+        got = lookup_or_decide(plans[i % len(plans)], BUDGET, store)
         out.append(time.perf_counter() - start)
         assert got.hit
     return out
 
 
-def memo_lookups(
-    store: Store, plans: list[KernelPlan], n: int, fresh_objects: bool, recompute: list[float] | None = None,
-    recompute_new: list[float] | None = None,
-) -> list[float]:
-    """Repeated lookups answered from the in-process memo: the same plan objects, or equal plans built anew.
-
-    With ``recompute``, a ``decide`` of the same plan object is timed before each sample and appended
-    there (it reuses the estimator's compiled form of the plan, kept on the object), and a ``decide``
-    of an equal plan object built anew to ``recompute_new`` (what deciding a plan a process meets costs);
-    there, so both sides of the ratio see the same load on this shared machine.
-    """
-    for p in plans:
-        assert lookup_or_decide(p, BUDGET, store).hit
-    out = []
+def recomputes(plans: list[KernelPlan], n: int) -> tuple[list[float], list[float]]:
+    """``decide`` of the same plan object, and of an equal plan object built anew (outside the timing)."""
+    same: list[float] = []
+    new: list[float] = []
     for i in range(n):
-        if recompute is not None and recompute_new is not None:
-            q = plans[i % len(plans)]
-            recompute += timed(functools.partial(decide, q, BUDGET), 1)
-            fresh = dataclasses.replace(q)  # an equal plan object, built outside the timing
-            recompute_new += timed(functools.partial(decide, fresh, BUDGET), 1)
-        p = plans[i % len(plans)]
-        if fresh_objects:
-            p = KernelPlan.from_payload(p.to_payload())  # not timed: the hook builds its plan anyway
-            start = time.perf_counter()
-            got = lookup_or_decide(p, BUDGET, store)
-            out.append(time.perf_counter() - start)
-        else:  # about a microsecond: timed over a batch, so the clock's own cost is not counted
-            start = time.perf_counter()
-            for _ in range(BATCH):
-                got = lookup_or_decide(p, BUDGET, store)
-            out.append((time.perf_counter() - start) / BATCH)
-        assert got.hit
-    return out
+        q = plans[i % len(plans)]
+        same += timed(functools.partial(decide, q, BUDGET), 1)
+        new += timed(functools.partial(decide, dataclasses.replace(q), BUDGET), 1)
+    return same, new
 
 
 def _throughput_worker(
@@ -248,7 +216,6 @@ def _throughput_worker(
         done = 0
         warm_until = time.monotonic() + WARM_UP_SECONDS  # not counted: imports, first reads, page cache
         while time.monotonic() < warm_until:
-            forget(store)
             look(plans[done % len(plans)], BUDGET, store)
             done += 1
         barrier.wait()  # the last worker to arrive sets ``start_at`` (the barrier's action)
@@ -258,7 +225,6 @@ def _throughput_worker(
         counts = [0] * WINDOWS
         window = 0
         while window < WINDOWS:
-            forget(store)  # every lookup reads the store (the plan hashes stay memoised)
             assert look(plans[done % len(plans)], BUDGET, store).hit
             done += 1
             now = time.monotonic()
@@ -304,8 +270,6 @@ def redis_version(url: str | None) -> str:
 
 
 PROCS = (1, 2, 4, 8)
-GOALS = {"mid": 200.0}  # recompute / repeated lookup; 50x for every other plan
-DEFAULT_GOAL = 50.0
 
 
 def main() -> None:
@@ -319,34 +283,26 @@ def main() -> None:
         )
         with DiskStore(tmp / "warm-up") as scratch:  # the interpreter's first thousands of calls run slower
             lookup_or_decide(plan(0, 2, 2, 1), BUDGET, scratch)
-            memo_lookups(scratch, [plan(0, 2, 2, 1)], 200, False)
+            lookups(scratch, [plan(0, 2, 2, 1)], 200)
         rows = []
         for size, shape in SIZES.items():
             it = ITERATIONS[size]
             n_args, n_buckets, n_features = shape
             p = plan(0, *shape)
             groups = (n_buckets + 1) ** n_features
-            recompute: list[float] = []  # timed interleaved with the repeated lookups, below
-            recompute_new: list[float] = []
-            forget_plan_hashes()
-            keying = []
-            for _ in range(it["get"]):
-                forget_plan_hashes()
-                keying += timed(functools.partial(build_key, p, BUDGET), 1)
+            keying = timed(functools.partial(build_key, p, BUDGET), it["get"])
             entries = [entry(seed, size) for seed in range(1, it["put"] + 1)]
             plans = [plan(seed, *shape) for seed in range(1, it["put"] + 1)]
+            recompute, recompute_new = recomputes(plans, it["get"])
             results: dict[str, list[float]] = {"recompute, same obj": recompute, "recompute, new obj": recompute_new,
-                                               "build_key (first)": keying}
+                                               "build_key": keying}
             with DiskStore(tmp / f"disk-{size}") as disk:
                 results.update({f"disk {op}": v for op, v in store_latency(disk, entries, it["get"]).items()})
-                results["first lookup, disk"] = first_lookups(disk, plans, it["get"])
-                results["repeat lookup, same obj"] = memo_lookups(disk, plans, MEMO_SAMPLES, False, recompute,
-                                                                      recompute_new)
-                results["repeat lookup, new obj"] = memo_lookups(disk, plans, it["get"], True)
+                results["lookup, disk"] = lookups(disk, plans, it["get"])
             if url is not None:
                 with RedisStore(url, prefix=f"bench:{size}:") as remote:
                     results.update({f"redis {op}": v for op, v in store_latency(remote, entries, it["get"]).items()})
-                    results["first lookup, redis"] = first_lookups(remote, plans, it["get"])
+                    results["lookup, redis"] = lookups(remote, plans, it["get"])
             rows.append((size, n_args, groups, len(entries[0].to_json()), results))
 
         print()
@@ -358,28 +314,19 @@ def main() -> None:
                     f"{us(pct(samples, 0.99))} {len(samples):5}"
                 )
         print()
-        lookups = ["repeat lookup, same obj", "repeat lookup, new obj", "first lookup, disk", "first lookup, redis"]
-        for baseline in ("recompute, same obj", "recompute, new obj"):
-            print(f"{baseline} / lookup, p50 (goal: repeated lookup >= 200x for mid, >= 50x for every plan):")
-            print(f"{'plan':6} " + " ".join(f"{op:>24}" for op in lookups) + "  goal")
-            for size, _n_args, _groups, _nbytes, results in rows:
-                recompute_p50 = statistics.median(results[baseline])
-                cells = []
-                for op in lookups:
-                    cells.append(f"{recompute_p50 / statistics.median(results[op]):23.1f}x" if op in results
-                                 else f"{'-':>24}")
-                goal = GOALS.get(size, DEFAULT_GOAL)
-                met = recompute_p50 / statistics.median(results["repeat lookup, same obj"]) >= goal
-                print(f"{size:6} " + " ".join(cells) + f"  {goal:g}x {'met' if met else 'NOT met'} (same obj)")
-        print("a plan's first lookup in a process against SQLite's own read of the same row (p50; the rest is"
-              " hashing the plan for its key, parsing and validating the head line):")
+        ops = ["lookup, disk", "lookup, redis"]
+        print("recompute / lookup, p50 (a lookup reads the store; a miss would recompute):")
+        print(f"{'plan':6} {'baseline':20} " + " ".join(f"{op:>14}" for op in ops))
         for size, _n_args, _groups, _nbytes, results in rows:
-            first, raw = statistics.median(results["first lookup, disk"]), statistics.median(
-                results["disk raw SQLite read"])
-            recompute_new = statistics.median(results["recompute, new obj"])
-            print(f"  {size:6} first lookup {first * 1e6:7.1f} us = {first / raw:5.1f}x the raw read"
-                  f" ({raw * 1e6:5.1f} us); recomputing a new plan object {recompute_new * 1e6:7.1f} us"
-                  f" ({recompute_new / first:4.2f}x the first lookup)")
+            for baseline in ("recompute, same obj", "recompute, new obj"):
+                recompute_p50 = statistics.median(results[baseline])
+                cells = [f"{recompute_p50 / statistics.median(results[op]):13.1f}x" if op in results else f"{'-':>14}"
+                         for op in ops]
+                print(f"{size:6} {baseline:20} " + " ".join(cells))
+        print("a lookup against SQLite's own read of the same row (p50; the rest is the key, parsing and validating):")
+        for size, _n_args, _groups, _nbytes, results in rows:
+            look, raw = statistics.median(results["lookup, disk"]), statistics.median(results["disk raw SQLite read"])
+            print(f"  {size:6} lookup {look * 1e6:7.1f} us = {look / raw:5.1f}x the raw read ({raw * 1e6:5.1f} us)")
         if url is None:
             print("redis: redis-server not on PATH; Redis rows skipped")
 
@@ -389,7 +336,7 @@ def main() -> None:
         with DiskStore(directory) as disk:
             for s in seeds:
                 lookup_or_decide(plan(s, *SIZES["mid"]), BUDGET, disk)
-        print(f"throughput: store reads (lookup_or_decide, decision memo emptied each time) on one DiskStore,"
+        print(f"throughput: store reads (lookup_or_decide) on one DiskStore,"
               f" mid plans; every process warms up {WARM_UP_SECONDS:g} s, then all count in the same"
               f" {WINDOWS} windows of {WINDOW_SECONDS:g} s (started together after a barrier); rounds interleave the"
               f" process counts; lookups/s is the median window; load average printed before each run")
