@@ -18,6 +18,14 @@ S = TypeVar("S", bound="Store")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Refused:
+    """A stored value a backend left unread or undecoded (pickled, over the size cap, another Redis type, a bad
+    file name): an invalid entry; ``why`` says which."""
+
+    why: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class StoreStats:
     """What ``prescreen stats`` prints."""
 
@@ -86,9 +94,8 @@ class Store(abc.ABC):
             return None
         try:
             if not isinstance(raw, (bytes, str)):
-                why = getattr(raw, "why", None)  # the disk backend's marker for a refused row
-                if why is not None:
-                    raise InvalidEntry(str(why))
+                if isinstance(raw, Refused):
+                    raise InvalidEntry(raw.why)
                 raise InvalidEntry(f"value is a {type(raw).__name__}, not JSON text")
             entry, unverified = read_stored(raw, key, self.signer)
         except InvalidEntry as exc:

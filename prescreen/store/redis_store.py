@@ -33,7 +33,7 @@ from redis.retry import Retry
 
 from prescreen.decision import is_observed_oom
 from prescreen.errors import ConfigError
-from prescreen.store.base import Store, StoreStats
+from prescreen.store.base import Refused, Store, StoreStats
 from prescreen.store.entry import MAX_ENTRY_BYTES, Entry, outranks
 
 REDIS_URL_ENV = "PRESCREEN_REDIS_URL"
@@ -192,15 +192,6 @@ def _with_deadline(base: type[redis.connection.AbstractConnection],
     return DeadlineConnection
 
 
-class _Refused:
-    """A Redis value left unread (another type, over the size cap); the store treats it as an invalid entry."""
-
-    __slots__ = ("why",)
-
-    def __init__(self, why: str) -> None:
-        self.why = f"value is {why}"
-
-
 def _text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
@@ -320,27 +311,27 @@ class RedisStore(Store):
                 if reply is None:
                     return None, 0
                 if isinstance(reply[0], int):  # refused unread
-                    return _Refused(_text(reply[1])), 0
+                    return Refused(f"value is {_text(reply[1])}"), 0
                 return reply[0], self._counter(key, reply[1])
         return self._fetch_plain(key, names)
 
     @staticmethod
     def _read_value(client: redis.Redis | redis.client.Pipeline, name: str) -> object:
         """The value under ``name``, read only once ``TYPE`` and ``STRLEN`` say it is a string within
-        ``MAX_ENTRY_BYTES`` (else ``_Refused``, unread); None when there is none."""
+        ``MAX_ENTRY_BYTES`` (else ``Refused``, unread); None when there is none."""
         kind = _text(client.type(name))
         if kind == "none":
             return None
         if kind != "string":
-            return _Refused(f"a Redis {kind}, not a string")
+            return Refused(f"value is a Redis {kind}, not a string")
         size = int(client.strlen(name))
         if size > MAX_ENTRY_BYTES:
-            return _Refused(f"a value of {size} bytes, over the cap")
+            return Refused(f"value is a value of {size} bytes, over the cap")
         return client.get(name)
 
     def _fetch_plain(self, key: str, names: list[str]) -> tuple[object, int]:
         value = self._read_value(self._client, names[0])
-        if value is None or isinstance(value, _Refused):
+        if value is None or isinstance(value, Refused):
             return value, 0
         if not self.count_hits:
             try:
@@ -414,9 +405,9 @@ class RedisStore(Store):
             if k in values:
                 out.append((values[k], counter))
             elif isinstance(n, int) and n > MAX_ENTRY_BYTES:
-                out.append((_Refused(f"a value of {n} bytes, over the cap"), counter))
+                out.append((Refused(f"value is a value of {n} bytes, over the cap"), counter))
             elif not isinstance(n, int):
-                out.append((_Refused("not a Redis string"), counter))
+                out.append((Refused("value is not a Redis string"), counter))
             else:
                 out.append((None, counter))
         return out

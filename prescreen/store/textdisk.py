@@ -40,6 +40,7 @@ from pathlib import Path
 import diskcache
 from diskcache.core import DBNAME, MODE_BINARY, MODE_PICKLE, MODE_RAW, MODE_TEXT, UNKNOWN
 
+from prescreen.store.base import Refused
 from prescreen.store.entry import MAX_ENTRY_BYTES
 from prescreen.store.trust import NotRegularFile, create_private_file, open_regular, value_file
 
@@ -50,18 +51,10 @@ KEY_ROWS = "SELECT key, filename FROM Cache WHERE raw = 1 ORDER BY rowid"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Refused:
-    """A stored value this store will not decode (pickled, binary, a bad file name); ``why`` says so."""
-
-    why: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class Missing:
     """A row whose ``.val`` file is gone (a delete or eviction killed half-way): a miss, to be cleaned."""
 
     filename: str
-    why: str = "its value file is gone"
 
 
 def read_value_file(path: str, limit: int = MAX_ENTRY_BYTES) -> str | Refused:
