@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import math
@@ -212,22 +211,6 @@ def _check_header(bundle: dict[str, object], where: str) -> None:
         raise ConfigError(f"{where}: 'entries' must be a list, found {type(entries).__name__}")
 
 
-@dataclasses.dataclass
-class ImportReport:
-    """What ``import_bundle`` did, for its one summary line."""
-
-    imported: int = 0
-    present: int = 0
-    invalid: int = 0
-    first_invalid: str = ""
-    unsigned: int = 0
-
-    def skip(self, index: int, why: object) -> None:
-        self.invalid += 1
-        if not self.first_invalid:
-            self.first_invalid = f"#{index}: {why}"
-
-
 def check_bundle(path: str | os.PathLike[str]) -> int:
     """The checks ``import_bundle`` makes before it stores anything (the header, and the shape of every entry),
     storing nothing: a ``ConfigError`` if ``path`` is not a bundle of this format and schema; returns the count."""
@@ -245,7 +228,8 @@ def import_bundle(store: Store, path: str | os.PathLike[str]) -> tuple[int, int]
     """
     where = str(path)
     _scan_header(path, where)
-    report = ImportReport()
+    imported = present = unsigned = invalid = 0
+    first_invalid = ""
     stream = _Stream(path, where)
     try:
         for name, member in stream.members():
@@ -257,22 +241,20 @@ def import_bundle(store: Store, path: str | os.PathLike[str]) -> tuple[int, int]
                     _check_finite(payload)
                     entry = Entry.from_payload(payload, signer=store.signer)
                 except UnsignedEntry:
-                    report.unsigned += 1
+                    unsigned += 1
                     continue
                 except InvalidEntry as exc:
-                    report.skip(index, exc)
+                    invalid += 1
+                    first_invalid = first_invalid or f"#{index}: {exc}"
                     continue
                 if store.put(entry.with_hits(0)):
-                    report.imported += 1
+                    imported += 1
                 else:
-                    report.present += 1
+                    present += 1
     finally:
         stream.close()
-    if report.invalid or report.unsigned:
-        refused = f"refused {report.unsigned} unsigned or forged entries; " if report.unsigned else ""
-        invalid = f"skipped {report.invalid} invalid entries (first {report.first_invalid}); " if report.invalid else ""
-        log.warning(
-            "prescreen import %s: %s%s%d imported, %d already present",
-            where, refused, invalid, report.imported, report.present,
-        )
-    return report.imported, report.present + report.invalid + report.unsigned
+    if invalid or unsigned:
+        refused = f"refused {unsigned} unsigned or forged entries; " if unsigned else ""
+        skipped = f"skipped {invalid} invalid entries (first {first_invalid}); " if invalid else ""
+        log.warning("prescreen import %s: %s%s%d imported, %d already present", where, refused, skipped, imported, present)
+    return imported, present + invalid + unsigned
