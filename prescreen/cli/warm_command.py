@@ -43,7 +43,6 @@ def given_as(ctx: click.Context, name: str) -> str:
     return param.opts[0] if isinstance(param, click.Option) else name.upper()
 
 
-
 class Parsed(click.ParamType):  # type: ignore[type-arg,unused-ignore]
     """A value read by one of prescreen's parsers, ``parse(value, where)``; its error names ``where`` the value
     came from (see :func:`given_as`)."""
