@@ -46,7 +46,6 @@ from diskcache.core import DBNAME
 from prescreen.decision import is_observed_oom
 from prescreen.store.base import Store, StoreStats, log
 from prescreen.store.entry import Entry, outranks
-from prescreen.store.faults import Fault, classify
 from prescreen.store.recovery import (
     LOCK_NAME,
     file_id,
@@ -61,10 +60,12 @@ from prescreen.store.recovery import (
 from prescreen.store.textdisk import (
     HITS_PREFIX,
     BoundedOpenCache,
+    Fault,
     HitBuffer,
     Missing,
     ReadOnlyCache,
     TextDisk,
+    classify,
     hit_count,
     write_hits,
 )

@@ -1,5 +1,5 @@
 """diskcache plumbing that never unpickles: a text-only ``Disk``, a ``Cache`` that opens fast and reads
-bounded, and a reader for a directory nobody may write.
+bounded, a reader for a directory nobody may write, and the faults the disk store reacts to (``classify``).
 
 ``TextDisk`` accepts string keys and string (JSON text) or integer (hit
 counter) values. Small values live in the SQLite row, large ones in a ``.val``
@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import enum
 import errno
 import os
 import sqlite3
@@ -298,3 +299,46 @@ def write_hits(cache: BoundedOpenCache, pending: collections.Counter[str]) -> No
             if key in cache:
                 name = HITS_PREFIX + key
                 cache.set(name, min((hit_count(cache.get(name)) or 0) + count, MAX_HITS))
+
+
+class Fault(str, enum.Enum):
+    """What went wrong, as the warning names it; each kind is warned about once per store."""
+
+    LOCKED = "database is locked by another process"
+    READ_ONLY = "cache is read-only"
+    FULL = "disk is full"
+    CORRUPT = "database file is corrupt"
+    UNAVAILABLE = "cache cannot be opened"
+    INSECURE = "cache directory is not safe to use"
+    ERROR = "store error"
+
+
+_READ_ONLY_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM}
+_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
+
+
+def classify(exc: BaseException) -> Fault:
+    """The fault an exception from diskcache/sqlite/the filesystem stands for."""
+    if isinstance(exc, diskcache.Timeout):
+        return Fault.LOCKED
+    if isinstance(exc, sqlite3.Error):
+        name = getattr(exc, "sqlite_errorname", "") or ""
+        text = str(exc).lower()
+        if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in text:
+            return Fault.LOCKED
+        if name.startswith("SQLITE_READONLY") or "readonly" in text or "read-only" in text:
+            return Fault.READ_ONLY
+        if name.startswith("SQLITE_FULL") or "disk is full" in text:
+            return Fault.FULL
+        if name.startswith(("SQLITE_NOTADB", "SQLITE_CORRUPT")) or "not a database" in text or "malformed" in text:
+            return Fault.CORRUPT
+        if name.startswith("SQLITE_CANTOPEN") or "unable to open" in text:
+            return Fault.UNAVAILABLE
+        return Fault.ERROR
+    if isinstance(exc, OSError):
+        if exc.errno in _FULL_ERRNOS:
+            return Fault.FULL
+        if exc.errno in _READ_ONLY_ERRNOS:
+            return Fault.READ_ONLY
+        return Fault.UNAVAILABLE
+    return Fault.ERROR

@@ -6,8 +6,8 @@ remote too when that key was last checked ``recheck_seconds`` ago or more (5 s b
 default; ``get`` always does). A stricter remote entry (``entry.outranks``: an
 observed OOM over a computed decision) replaces the local one and is served. A
 local fallback is served without asking the remote: nothing loosens a decision.
-With the service's memory of a ``tune`` (``prescreen.service.TUNE_RECHECK_SECONDS``)
-a running replica falls back within about twice that of the remote fact.
+So a running replica that keeps looking a plan up serves another replica's
+fact within about ``recheck_seconds``.
 """
 
 from __future__ import annotations
