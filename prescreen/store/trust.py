@@ -28,30 +28,21 @@ make prescreen delete files outside the cache. As OpenSSH does for ``~/.ssh``:
   file before reading: a FIFO planted in its place is refused at once instead
   of blocking the compile, a directory or device is refused too.
 
-Signatures: an HMAC-SHA256 over each entry's stored text, with a shared secret. Without a secret, the store is trusted input: whoever can write the cache
-directory, the Redis database or a bundle decides what prescreen does. With
-``PRESCREEN_SIGNING_KEY`` (the secret itself) or ``PRESCREEN_SIGNING_KEY_FILE``
-(a file holding it, readable by its owner only), every entry written carries
-``"signature": "hmac-sha256:<hex>"`` over its stored text (``canonical``: the
-head line of sorted-key JSON with no signature, a newline, the details, record
-and plan lines, ``hits`` as 0), which holds the key. The signature is the head line's last
-field, so a lookup checks it on the text as stored, before parsing it; a
-bundle entry is re-serialized first. Read back from disk,
-Redis or a bundle, an entry that is unsigned or whose signature does not
-verify is a miss (one warning), and ``import`` refuses it. The signature is an
-optional field: a prescreen without a secret reads signed entries as before.
-
-The secret is normalized one way wherever it comes from (``normalize_key``):
-whitespace around it (a trailing newline from ``echo`` or an editor, spaces)
-is stripped, in the variable and in the file alike, so
-``PRESCREEN_SIGNING_KEY="secret\n"`` and a key file holding ``secret`` sign
-alike.
-
-What a signature guards is *loosening* (``entry.read_stored``): a stored
-``tune`` must verify, while a stricter entry (a fallback, an observed OOM) is
-served whatever its signature, so a fact is never masked during a key
-rollout (none -> key) or rotation (A -> B), nor overwritten: a store keeps the
-strictest valid entry under a key (``entry.outranks``).
+Signatures. Without a secret, whoever can write the cache directory, the
+Redis database or a bundle decides what prescreen does. With
+``PRESCREEN_SIGNING_KEY`` (the secret) or ``PRESCREEN_SIGNING_KEY_FILE`` (a
+file holding it, readable by its owner only; either way stripped of the
+whitespace around it, ``normalize_key``), every entry written carries
+``"signature": "hmac-sha256:<hex>"`` over its stored text (``canonical``, with
+``hits`` as 0) as the head line's last field, so a read checks it on the text
+as stored, before parsing it; a bundle entry is re-serialized first. A
+signature guards *loosening* (``entry.read_stored``): read back from disk,
+Redis, a ``tune`` that is unsigned or does not verify is a miss (one
+warning), while a stricter entry (a fallback, an observed OOM) is served
+whatever its signature (``import`` refuses every unsigned entry), so a fact is never masked
+during a key rollout (none -> key) or rotation (A -> B), nor overwritten: a
+store keeps the strictest valid entry under a key (``entry.outranks``). A
+prescreen without a secret reads signed entries as before.
 """
 
 from __future__ import annotations
