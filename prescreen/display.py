@@ -14,12 +14,14 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
     from rich.table import Table
+
+T = TypeVar("T")
 
 #: C0 controls (ESC included), DEL, C1 controls, and the Unicode line/paragraph separators and bidi
 #: overrides that reorder what a terminal shows (a name can then read as another one).
@@ -88,13 +90,18 @@ def wrap_items(head: str, items: Sequence[str], width: int) -> str:
     return "\n".join([*lines, line])
 
 
-def fits(table: Table) -> bool:
-    """Whether ``table``'s rows fit the terminal on one line each (its natural width, not clamped)."""
+def widest_fitting(layouts: Sequence[T], build: Callable[[T], Table]) -> Table:
+    """The table of the first of ``layouts`` (widest first) whose rows fit the terminal on one line each, measured
+    at their natural width; the last (narrowest) where none does, and at once under :data:`COMPACT_BELOW`."""
     from rich.measure import Measurement
 
     console = out()
     unbounded = console.options.update_width(1 << 16)
-    return Measurement.get(console, unbounded, table).maximum <= console.width
+    for layout in layouts[-1:] if compact() else layouts:
+        table = build(layout)
+        if layout == layouts[-1] or Measurement.get(console, unbounded, table).maximum <= console.width:
+            break
+    return table
 
 
 def fill(table: Table, cols: Sequence[str], rows: Sequence[dict[str, str]], narrow: bool,

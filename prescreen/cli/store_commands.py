@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from prescreen.budget import format_bytes
-from prescreen.display import COMPACT_KEY_CHARS, KEY_CHARS, compact, err, fill, fits, markup, out, visible
+from prescreen.display import COMPACT_KEY_CHARS, KEY_CHARS, err, fill, markup, out, visible, widest_fitting
 from prescreen.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -131,21 +131,11 @@ def _fields(title: str, rows: Sequence[tuple[str, str]]) -> Table:
 
 #: The columns of the ``inspect`` listing, widest first: the widest whose rows fit the terminal is used.
 LIST_COLUMNS = {
-    "compact": ("key", "kernel", "shape family", "device", "decision", "why"),  # paired rows differ by family
-    "medium": ("key", "kernel", "shape family", "device", "decision", "why", "hits"),
     "wide": ("key", "kernel", "shape family", "device", "ratio", "decision", "estimated", "budget", "why", "created",
              "hits"),
+    "medium": ("key", "kernel", "shape family", "device", "decision", "why", "hits"),
+    "compact": ("key", "kernel", "shape family", "device", "decision", "why"),  # paired rows differ by family
 }
-
-
-def _list_table(entries: Sequence[Entry], title: str) -> Table:
-    """The widest layout whose rows fit the terminal on one line each; the compact one under COMPACT_BELOW."""
-    layouts = ["compact"] if compact() else ["wide", "medium", "compact"]
-    for layout in layouts:
-        table = _list_layout(entries, title, layout)
-        if layout == "compact" or fits(table):
-            break
-    return table
 
 
 def _list_layout(entries: Sequence[Entry], title: str, layout: str) -> Table:
@@ -210,7 +200,8 @@ def inspect(obj: StoreOpener, key: str | None, key_prefix: str | None, kernel: s
         click.echo(json.dumps([e.to_payload() for e in entries], indent=2))
         return
     console = out()
-    console.print(_list_table(entries, f"{len(entries)} decisions in {store.backend} store {store.location}"))
+    title = f"{len(entries)} decisions in {store.backend} store {store.location}"
+    console.print(widest_fitting(list(LIST_COLUMNS), lambda layout: _list_layout(entries, title, layout)))
     if any(not e.decision.bounded for e in entries):
         console.print("* not bounded: the footprint could not be estimated, so the benchmark is skipped (fail closed)")
     if any(is_observed_oom(e.decision) for e in entries):

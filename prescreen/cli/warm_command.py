@@ -15,7 +15,7 @@ import click
 from click.core import ParameterSource
 
 from prescreen.budget import format_bytes, parse_memory, parse_ratio
-from prescreen.display import COMPACT_KEY_CHARS, KEY_CHARS, compact, err, fill, fits, markup, out, wrap_items
+from prescreen.display import COMPACT_KEY_CHARS, KEY_CHARS, compact, err, fill, markup, out, widest_fitting, wrap_items
 from prescreen.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -224,7 +224,7 @@ def _print_report(report: WarmReport, as_json: bool) -> None:
     console = out()
     console.print(_summary(report))
     if report.records:
-        console.print(_decisions(report))
+        console.print(widest_fitting([False, True], lambda narrow: _decision_layout(report, narrow)))
         if report.not_bounded:
             console.print("* not bounded: the footprint could not be estimated, so the benchmark is skipped "
                           "(fail closed)")
@@ -255,15 +255,6 @@ def _summary(report: WarmReport) -> Any:
         table.add_column(col, justify="right")
     table.add_row(*(v for _, v in values))
     return table
-
-
-def _decisions(report: WarmReport) -> Table:
-    """warm's decisions: every column where they fit on one line per row, else the compact layout."""
-    if not compact():
-        wide = _decision_layout(report, narrow=False)
-        if fits(wide):
-            return wide
-    return _decision_layout(report, narrow=True)
 
 
 def _decision_layout(report: WarmReport, narrow: bool) -> Table:
