@@ -144,10 +144,10 @@ def plans_for_fusion(scheduler: Any, node1: Any, node2: Any) -> list[KernelPlan]
     from torch._inductor.virtualized import V
 
     device = _fusion_device(node1)
+    conv = _Converter(V.graph.sizevars)
     plans: list[KernelPlan] = []
     for kernel_name, nodes in _fusion_kernels(node1, node2):
         names, mutated, inplace = _kernel_args(scheduler, nodes)
-        conv = _Converter(V.graph.sizevars)
         args: list[TensorArg | WorkspaceArg] = []
         for i, name in enumerate(names):
             args.extend(_graph_tensor(conv, f"buf{i}", name))

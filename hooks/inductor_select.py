@@ -101,6 +101,10 @@ class _Converter:
     undercounts one of them. An expression the estimator cannot read, or one not
     known to grow with its symbols (``_grows``), is taken at the hint itself (its
     plan keys by the hint).
+
+    One converter serves the plans of one guarded step: each symbol's family is
+    read once, and each plan's axes are the symbols met since the last plan
+    (``benchmark_plan``).
     """
 
     def __init__(self, sizevars: Any, scheme: families.Scheme | None = None) -> None:
@@ -109,6 +113,7 @@ class _Converter:
         self.scheme = families.active_scheme() if scheme is None else scheme
         self.statics: dict[str, int] = {}
         self.labels: dict[str, str] = {}
+        self.axes: set[str] = set()
 
     def _family(self, sym: Any) -> int:
         """``sym``'s value in plans (its bucket's bound, or its hint), its label recorded."""
@@ -127,6 +132,7 @@ class _Converter:
         for sym in e.free_symbols:
             if sym.name not in self.statics:
                 self.statics[sym.name] = self._family(sym)
+            self.axes.add(sym.name)
         try:
             converted = expr_from_sympy(e)
         except NotBounded:
@@ -248,13 +254,15 @@ def plan_for_selection(name: str, input_nodes: Sequence[Any], layout: Any) -> Ke
 
 
 def benchmark_plan(conv: _Converter, args: list[TensorArg | WorkspaceArg], device: Any, kernel_name: str) -> KernelPlan:
-    """A plan of ``args`` plus the GPU benchmarker's flush buffer and slack, over ``conv``'s axes."""
+    """A plan of ``args`` plus the GPU benchmarker's flush buffer and slack, over the axes ``conv`` met since its
+    last plan."""
     flush = flush_buffer_bytes(device)
     if flush:
         dev = str(device)
         args.append(WorkspaceArg("benchmark.cache_flush", Const(flush), "torch.uint8", dev, "NONE"))
         args.append(WorkspaceArg("benchmark.slack", Const(GPU_SLACK_BYTES), "torch.uint8", dev, "NONE"))
-    axes = tuple(sorted(conv.statics))
+    axes = tuple(sorted(conv.axes))
+    conv.axes = set()
     return KernelPlan(
         group_features=(),
         axis_names=axes,

@@ -11,7 +11,7 @@ import sympy
 import torch
 
 from prescreen.decision import is_observed_oom
-from prescreen.expr import Const
+from prescreen.expr import Const, free_axes
 from prescreen.hooks import inductor_fusion as fus
 from prescreen.hooks import inductor_select as sel
 from prescreen.hooks import state
@@ -166,6 +166,10 @@ def test_fusion_plans_count_an_in_place_output_twice_more(monkeypatch: pytest.Mo
             "fusion:fused": ["buf0", "buf1"]} in seen
 
 
+def _exprs(arg: Any) -> list[Any]:
+    return [*arg.size, *arg.stride] if isinstance(arg, TensorArg) else [arg.count]
+
+
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_a_fusion_plans_axes_are_its_buffers_symbols(monkeypatch: pytest.MonkeyPatch, dynamic: bool) -> None:
     """A symbolic buffer's shape families are the axes of each plan that takes it; a clone is its buffer
@@ -184,6 +188,8 @@ def test_a_fusion_plans_axes_are_its_buffers_symbols(monkeypatch: pytest.MonkeyP
             for label, arg in by_label.items():
                 if label.endswith("clone"):
                     assert arg == dataclasses.replace(by_label[label.split(".")[0]], name=label)
+        for plan in plans:  # every symbol of a plan's arguments is one of its axes
+            assert {a for arg in plan.args for e in _exprs(arg) for a in free_axes(e)} <= set(plan.axis_names)
         seen.append(any(p.axis_names for p in plans))
         return original(self, node1, node2, *args, **kwargs)
 
@@ -284,6 +290,19 @@ class _RangedSizeVars:
         return int(sympy.sympify(e).subs({_S0: 3000}))
 
     optimization_hint = size_hint
+
+
+def test_each_plan_of_one_converter_has_the_axes_met_since_the_last() -> None:
+    """A step's plans share one converter (each symbol read once); a plan's axes are its own symbols only."""
+    conv = sel._Converter(_RangedSizeVars())
+    conv.expr(_S0 * 2)
+    first = sel.benchmark_plan(conv, [], torch.device("cpu"), "first")
+    conv.expr(64)
+    second = sel.benchmark_plan(conv, [], torch.device("cpu"), "second")
+    conv.expr(_S0)
+    third = sel.benchmark_plan(conv, [], torch.device("cpu"), "third")
+    assert (first.axis_names, second.axis_names, third.axis_names) == (("s0",), (), ("s0",))
+    assert first.axis_static_values == third.axis_static_values == (("s0", 4096),)
 
 
 def test_a_symbols_family_follows_its_current_range_name_and_scheme() -> None:
