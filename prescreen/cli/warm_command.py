@@ -51,8 +51,8 @@ class Parsed(click.ParamType):  # type: ignore[type-arg,unused-ignore]
         self.name, self._parse = name, parse
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        assert param is not None and param.name is not None and ctx is not None
-        return self._parse(value, given_as(ctx, param.name))
+        where = given_as(ctx, param.name) if ctx is not None and param is not None and param.name else "value"
+        return self._parse(value, where)
 
 
 def _memory(value: str | int, where: str) -> int:
