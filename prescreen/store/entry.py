@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from prescreen.decision import Decision, is_observed_oom
-from prescreen.key import SCHEMA_VERSION, KeyParts, family_hash
+from prescreen.key import SCHEMA_VERSION, KeyParts, plan_hashes
 from prescreen.plan import KernelPlan, canonical_json
 from prescreen.store.trust import (
     DECISION_FIELD,
@@ -128,33 +128,24 @@ class Entry:
 
     @staticmethod
     def from_payload(d: object, expected_key: str | None = None, signer: Signer | None = None) -> "Entry":
-        """Validate a decoded entry (and its signature, given a signer); raises ``InvalidEntry`` and nothing else."""
+        """Validate a decoded entry (and its signature, given a signer); raises ``InvalidEntry`` and nothing else.
+
+        With ``expected_key`` (a lookup) the stored plan is not decoded: the caller derived the key from its own
+        plan, and the key is the digest of the parts, so the parts' hashes are the caller's plan's (the service
+        checks ``dynamic`` against that plan). Otherwise (a listing, an import, a bundle) the plan is decoded and
+        the hashes and the dynamic flag re-derived from it.
+        """
+        if not isinstance(d, Mapping):
+            raise InvalidEntry(f"entry must be a JSON object, got {type(d).__name__}")
         try:
             if signer is not None:
-                if not isinstance(d, Mapping):
-                    raise InvalidEntry(f"entry must be a JSON object, got {type(d).__name__}")
                 try:
                     signer.verify(d)
                 except BadSignature as exc:
                     raise UnsignedEntry(str(exc)) from None
-            return Entry._from_payload(d, expected_key)
-        except InvalidEntry:
-            raise
-        except RecursionError:
-            raise InvalidEntry("entry nests too deeply") from None
-        except ValueError as exc:  # a NotBounded from the stored plan
-            raise InvalidEntry(f"stored plan is invalid: {exc}") from None
-        except (KeyError, TypeError, AttributeError, OverflowError, IndexError) as exc:
-            raise InvalidEntry(f"malformed entry: {exc!r}") from None
-
-    @staticmethod
-    def _from_payload(d: object, expected_key: str | None) -> "Entry":
-        if not isinstance(d, Mapping):
-            raise InvalidEntry(f"entry must be a JSON object, got {type(d).__name__}")
-        schema = d.get("schema_version")
-        if schema != SCHEMA_VERSION or schema.__class__ is not int:  # 5.0 and True are not schemas
-            raise InvalidEntry(f"entry has schema {schema!r}, this prescreen reads schema {SCHEMA_VERSION}")
-        try:
+            schema = d.get("schema_version")
+            if schema != SCHEMA_VERSION or schema.__class__ is not int:  # 5.0 and True are not schemas
+                raise InvalidEntry(f"entry has schema {schema!r}, this prescreen reads schema {SCHEMA_VERSION}")
             raw_parts = d["parts"]
             versions = raw_parts["versions"]
             if not isinstance(versions, Mapping):
@@ -177,31 +168,30 @@ class Entry:
                 raise InvalidEntry(f"dynamic must be true or false, got {str(dynamic)[:40]}")
             record = _record_fields(d)
             entry = Entry(key=key, parts=parts, plan_text=plan_text, dynamic=dynamic, decision=decision, **record)
+            if expected_key is not None and key != expected_key:
+                raise InvalidEntry(f"entry is stored under {expected_key[:12]} but carries key {key[:12]}")
+            if parts.digest() != key:
+                raise InvalidEntry("entry key does not match its key parts")
+            if decision.estimator_version != parts.estimator_version:
+                raise InvalidEntry("decision and key disagree on the estimator version")
+            check_decision(decision, parts, dynamic)
+            if expected_key is None:
+                _check_depth(record["family"], "family")  # (on a lookup the JSON parser's recursion limit bounds it)
+                try:
+                    stored_plan = KernelPlan.from_payload(_decode_plan(plan_text))
+                except ValueError as exc:  # NotBounded
+                    raise InvalidEntry(f"stored plan is invalid: {exc}") from None
+                if plan_hashes(stored_plan) != (parts.plan_hash, parts.family_hash):
+                    raise InvalidEntry("stored plan does not hash to the key's plan and family hashes")
+                if stored_plan.is_dynamic != dynamic:
+                    raise InvalidEntry("entry's dynamic flag does not match its stored plan")
+            return entry
         except InvalidEntry:
             raise
+        except RecursionError:
+            raise InvalidEntry("entry nests too deeply") from None
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError) as exc:
             raise InvalidEntry(f"malformed entry: {exc!r}") from None
-        if parts.digest() != key:
-            raise InvalidEntry("entry key does not match its key parts")
-        if expected_key is not None and key != expected_key:
-            raise InvalidEntry(f"entry is stored under {expected_key[:12]} but carries key {key[:12]}")
-        if decision.estimator_version != parts.estimator_version:
-            raise InvalidEntry("decision and key disagree on the estimator version")
-        if expected_key is None:
-            # A listing, an import or a bundle: decode the stored plan and re-derive the hashes
-            # and the dynamic flag from it. (On a lookup, the family's depth is bounded by the
-            # JSON parser's recursion limit, caught as invalid.)
-            _check_depth(record["family"], "family")
-            stored_plan = KernelPlan.from_payload(_decode_plan(plan_text))
-            if stored_plan.plan_hash() != parts.plan_hash or family_hash(stored_plan) != parts.family_hash:
-                raise InvalidEntry("stored plan does not hash to the key's plan and family hashes")
-            if stored_plan.is_dynamic != dynamic:
-                raise InvalidEntry("entry's dynamic flag does not match its stored plan")
-        # On a lookup the caller derived ``expected_key`` from its own plan, and the key is the
-        # digest of the parts, so the parts' hashes are the caller's plan's; the stored plan text
-        # is not decoded (the service checks ``dynamic`` against the caller's plan).
-        check_decision(decision, parts, dynamic)
-        return entry
 
     @staticmethod
     def from_json(text: str | bytes, expected_key: str | None = None, signer: Signer | None = None) -> "Entry":
