@@ -18,7 +18,6 @@ class Reason(str, enum.Enum):
     UNKNOWN_EXPR = "unknown_expr"
     MISSING_AXIS = "missing_axis"
     UNSUPPORTED_GROUPING = "unsupported_grouping"
-    INVALID_MEMORY = "invalid_memory"
     OBSERVED_OOM = "observed_oom"  # not an estimator cause: a guarded benchmark really ran out of memory
 
 
