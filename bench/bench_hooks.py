@@ -51,7 +51,7 @@ def child(variant: str, device: str) -> None:
         from prescreen.hooks import state
 
         c = state.counters()
-        out.update(lookups=c.lookups, hits=c.hits, memo_hits=c.memo_hits, estimator_calls=c.estimator_calls,
+        out.update(lookups=c.lookups, hits=c.hits, estimator_calls=c.estimator_calls,
                    prescreen_seconds=c.seconds)
     print("RESULT " + json.dumps(out), flush=True)
 
@@ -91,16 +91,15 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"machine: {platform.platform()}, {os.cpu_count()} cpus, python {platform.python_version()}, "
           f"torch {torch.__version__}, device {args.device}, reps {args.reps}")
-    print("| variant | median compile s | ratio to no hook | lookups | store hits (from memory) | estimator calls | "
+    print("| variant | median compile s | ratio to no hook | lookups | store hits | estimator calls | "
           "time in prescreen | share of compile |")
     print("|---|---|---|---|---|---|---|---|")
     for k, label in (("off", "no hook"), ("cold", "hook, cold store"), ("warm", "hook, warm store")):
         e = extra[k]
         inside = e.get("prescreen_seconds")
-        hits = f"{e['hits']} ({e['memo_hits']})" if "memo_hits" in e else e.get("hits", "-")
         share = f"{100 * inside / e['seconds']:.4f}%" if inside is not None else "-"
         print(f"| {label} | {med[k]:.2f} | {med[k] / med['off']:.3f} | {e.get('lookups', '-')} | "
-              f"{hits} | {e.get('estimator_calls', '-')} | "
+              f"{e.get('hits', '-')} | {e.get('estimator_calls', '-')} | "
               f"{f'{1e3 * inside:.2f} ms' if inside is not None else '-'} | {share} |")
     print(f"wall-clock difference to no hook: cold store {100 * (med['cold'] / med['off'] - 1):+.1f}%, warm store "
           f"{100 * (med['warm'] / med['off'] - 1):+.1f}%; that is run-to-run noise here. The hook's own cost is the "

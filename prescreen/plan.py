@@ -12,7 +12,7 @@ import hashlib
 import json
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal, Union, get_args
+from typing import Literal, Union, get_args
 
 from prescreen.errors import NotBounded, Reason
 from prescreen.expr import Expr, expr_from_payload, expr_to_payload
@@ -182,27 +182,6 @@ class SizeArg:
 ArgSpec = Union[TensorArg, WorkspaceArg, SizeArg]
 
 
-class PlanCache:
-    """Scratch space on one plan object for what later layers derive from the plan's own content.
-
-    The estimator keeps its compiled form of the plan here, the key module the
-    plan's hashes, the service its last lookup; each is a pure function of the
-    (frozen) plan, or checked against what it depends on, so equal plans give
-    equal answers whether or not their cache is filled. It is never part of the
-    plan's value (equality, hash, repr, payload) and is not copied or pickled.
-    """
-
-    __slots__ = ("representatives", "hashes", "lookup")
-
-    def __init__(self) -> None:
-        self.representatives: Any = None
-        self.hashes: Any = None
-        self.lookup: Any = None
-
-    def __reduce__(self) -> tuple[type["PlanCache"], tuple[()]]:
-        return PlanCache, ()  # a copy or an unpickled plan starts empty
-
-
 def _dtype_name(value: object, field: str) -> str:
     """``torch.float16`` objects and strings both become ``"torch.float16"``.
 
@@ -258,16 +237,6 @@ class KernelPlan:
     mutated_arg_names: tuple[str, ...] = ()
     kernel_name: str = ""
     axis_labels: tuple[tuple[str, str], ...] = ()  # (axis, family shown to users); not hashed
-    _cache: PlanCache | None = dataclasses.field(default=None, init=False, repr=False, compare=False, hash=False)
-
-    @property
-    def cache(self) -> PlanCache:
-        """This object's ``PlanCache`` (made on first use; see there)."""
-        found = self._cache
-        if found is None:
-            found = PlanCache()
-            object.__setattr__(self, "_cache", found)
-        return found
 
     @property
     def is_dynamic(self) -> bool:

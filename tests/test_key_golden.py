@@ -199,7 +199,6 @@ def _computed() -> tuple[dict[str, tuple[str, str, str]], dict[tuple[str, str], 
 @pytest.fixture(autouse=True)
 def fixed_versions(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(key, "library_versions", lambda: VERSIONS)
-    getattr(key, "forget_plan_hashes", lambda: None)()  # the memo of the code the tables were computed with
 
 
 def test_plan_hashes_and_plan_texts_are_unchanged() -> None:

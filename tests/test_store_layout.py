@@ -1,5 +1,5 @@
-"""Schema 2: the plan kept apart from the decision (a JSON string field), the in-process decision memo
-and the plan-hash memo (issue 15)."""
+"""Schema 2: the plan kept apart from the decision (a JSON string field); lookups read the store every time,
+and keys follow from the plan (issue 15)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,14 @@ import logging
 import subprocess
 import sys
 from pathlib import Path
-from unittest import mock
 
 import pytest
 from click.testing import CliRunner
 from test_store_support import BUDGET, entry_fields, entry_text, make_entry, make_plan, plan_payload
 
-from prescreen import service
 from prescreen.cli import cli
 from prescreen.decision import decide, is_observed_oom
-from prescreen.key import SCHEMA_VERSION, build_key, family_hash, forget_plan_hashes, payload_text, plan_hashes
+from prescreen.key import SCHEMA_VERSION, build_key, family_hash, payload_text, plan_hashes
 from prescreen.plan import KernelPlan
 from prescreen.service import COUNTERS, lookup_or_decide, record_observed_oom
 from prescreen.store import DiskStore, export_bundle, import_bundle, verify_entry
@@ -135,46 +133,44 @@ def test_verify_detects_a_decision_that_differs_from_a_fresh_one() -> None:
     assert verify_entry(entry) and not verify_entry(dataclasses.replace(entry, decision=other))
 
 
-def test_repeated_lookups_answer_from_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_lookup_reads_the_store_and_counts_a_hit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     plan = make_plan(SEED)
     with DiskStore(tmp_path) as store:
         first = lookup_or_decide(plan, BUDGET, store)
         reads: list[str] = []
-        real_get = store.get
-        monkeypatch.setattr(store, "get", lambda key: reads.append(key) or real_get(key))
-        before = COUNTERS.memo_hits
+        real_lookup = store.lookup
+        monkeypatch.setattr(store, "lookup", lambda key: reads.append(key) or real_lookup(key))
+        before, store_hits = dataclasses.replace(COUNTERS), store.hits
         second = lookup_or_decide(plan, BUDGET, store)
         third = lookup_or_decide(make_plan(SEED), BUDGET, store)  # an equal plan, another object
-        assert reads == []
-        assert COUNTERS.memo_hits == before + 2
+        assert reads == [first.key, first.key] and store.hits == store_hits + 2
         assert (first.hit, second.hit, third.hit) == (False, True, True)
         assert second.decision == third.decision == first.decision == decide(plan, BUDGET)
-    with DiskStore(tmp_path) as reopened:  # another store object has its own memo: it reads
-        before = reopened.hits
-        assert lookup_or_decide(plan, BUDGET, reopened).hit and reopened.hits == before + 1
+        assert (COUNTERS.lookups, COUNTERS.hits, COUNTERS.estimator_calls) == (
+            before.lookups + 2, before.hits + 2, before.estimator_calls)
+        assert COUNTERS.tuned + COUNTERS.fell_back == before.tuned + before.fell_back + 2
+        assert COUNTERS.largest_estimate >= (second.decision.estimated_bytes or 0)
 
 
-def test_memo_is_replaced_on_put_so_an_observed_oom_is_seen_at_once(tmp_path: Path) -> None:
+def test_an_observed_oom_recorded_here_is_served_at_the_next_lookup(tmp_path: Path) -> None:
     plan = make_plan(SEED)
     with DiskStore(tmp_path) as store:
         tuned = lookup_or_decide(plan, BUDGET, store)
-        assert tuned.decision.tune and lookup_or_decide(plan, BUDGET, store).hit  # memoised
+        assert tuned.decision.tune and lookup_or_decide(plan, BUDGET, store).hit
         record_observed_oom(plan, BUDGET, store, requested_bytes=1, free_bytes=2)
         after = lookup_or_decide(plan, BUDGET, store)
         assert after.hit and is_observed_oom(after.decision) and not after.decision.tune
-        assert COUNTERS.memo_hits > 0
         stored = store.get(after.key)
         assert stored is not None and stored.decision == after.decision
 
 
-def test_memo_is_dropped_when_a_put_does_not_store(tmp_path: Path) -> None:
-    """Another process's entry got there first: this lookup answers with it (a fact outranks the computed
-    tune), and the next one reads the store, not the memo."""
+def test_a_put_that_loses_to_another_process_s_fact_answers_with_the_fact(tmp_path: Path) -> None:
+    """Another process's entry got there between this lookup's read and its put: this lookup answers with it
+    (a fact outranks the computed tune), and so does the next one."""
     plan = make_plan(SEED)
     with DiskStore(tmp_path) as store:
         observed = record_observed_oom(plan, BUDGET, None, requested_bytes=1, free_bytes=2).entry
         assert observed is not None
-        service._remember(store, observed.key, None)
         key = observed.key
         real_put = store.put
 
@@ -190,34 +186,32 @@ def test_memo_is_dropped_when_a_put_does_not_store(tmp_path: Path) -> None:
         assert again.hit and is_observed_oom(again.decision) and again.key == key
 
 
-def test_forget_drops_the_memo(tmp_path: Path) -> None:
+def test_a_delete_made_beside_the_service_is_seen_at_the_next_lookup(tmp_path: Path) -> None:
     plan = make_plan(SEED)
     with DiskStore(tmp_path) as store:
         lookup_or_decide(plan, BUDGET, store)
+        assert lookup_or_decide(plan, BUDGET, store).hit
         store.delete([build_key(plan, BUDGET)[0]])
-        assert lookup_or_decide(plan, BUDGET, store).hit  # memo: a delete made beside the service is not seen
-        service.forget(store)
         assert not lookup_or_decide(plan, BUDGET, store).hit
 
 
-def test_plan_hashes_are_memoised_and_equal_a_fresh_hash() -> None:
-    forget_plan_hashes()
+def test_plan_hashes_equal_the_plan_s_own_hash_and_ignore_the_kernel_name() -> None:
     plan = make_plan(SEED, n_args=5)
     assert plan_hashes(plan) == (plan.plan_hash(), family_hash(plan)) == plan_hashes(make_plan(SEED, n_args=5))
-    assert plan_hashes(plan)[0] == plan.plan_hash()
     renamed = dataclasses.replace(plan, kernel_name="other")  # not hashed: same key
     assert build_key(renamed, BUDGET) == build_key(plan, BUDGET)
     assert build_key(make_plan(SEED + 1), BUDGET)[0] != build_key(plan, BUDGET)[0]
 
 
-def test_key_memo_tells_a_float_ratio_from_an_int_one() -> None:
+def test_a_key_tells_a_float_ratio_from_an_int_one() -> None:
     one_float = dataclasses.replace(BUDGET, ratio=1.0)
     one_int = dataclasses.replace(BUDGET, ratio=1)
     plan = make_plan(SEED)
     assert build_key(plan, one_float)[1].ratio == 1.0 and type(build_key(plan, one_int)[1].ratio) is int
+    assert build_key(plan, one_float)[0] != build_key(plan, one_int)[0]
 
 
-def test_an_unhashable_hand_built_plan_is_keyed_without_the_memo() -> None:
+def test_an_unhashable_hand_built_plan_is_keyed_as_its_tuple_form() -> None:
     plan = make_plan(SEED)
     odd = dataclasses.replace(plan, mutated_arg_names=["in_ptr0"])  # type: ignore[arg-type]
     with pytest.raises(TypeError):
@@ -238,51 +232,6 @@ def test_redis_url_env_names_agree() -> None:
 
     assert prescreen.store.REDIS_URL_ENV == redis_store.REDIS_URL_ENV
     assert prescreen.store.RedisStore is redis_store.RedisStore
-
-
-def test_a_memo_goes_with_its_store_object(tmp_path: Path) -> None:
-    import gc
-
-    store = DiskStore(tmp_path)
-    lookup_or_decide(make_plan(SEED), BUDGET, store)
-    store_id = id(store)
-    assert store_id in service._memos
-    store.close()
-    del store
-    gc.collect()
-    assert store_id not in service._memos
-
-
-def test_memo_counts_hits_like_a_store_hit(tmp_path: Path) -> None:
-    plan = make_plan(SEED)
-    with DiskStore(tmp_path) as store:
-        lookup_or_decide(plan, BUDGET, store)
-        before = dataclasses.replace(COUNTERS)
-        outcome = lookup_or_decide(plan, BUDGET, store)
-        assert outcome.hit
-        assert (COUNTERS.lookups, COUNTERS.hits, COUNTERS.estimator_calls) == (
-            before.lookups + 1, before.hits + 1, before.estimator_calls)
-        assert COUNTERS.tuned + COUNTERS.fell_back == before.tuned + before.fell_back + 1
-        assert COUNTERS.largest_estimate >= (outcome.decision.estimated_bytes or 0)
-
-
-def test_the_identity_fast_path_holds_no_plan_objects() -> None:
-    from prescreen import key
-
-    forget_plan_hashes()
-    plans = [make_plan(SEED) for _ in range(300)]
-    for p in plans:
-        build_key(p, BUDGET)  # equal plans, new objects: one text entry; each object remembers its own key
-        assert p.cache.hashes is not None and p.cache.hashes[3] == build_key(plans[0], BUDGET)
-    assert len(key._by_text) == 1
-    forget_plan_hashes()  # what plan objects remember from before a forget is not used
-    with mock.patch.object(key, "canonical_texts", wraps=key.canonical_texts) as writing, \
-            mock.patch.object(key.hashlib, "sha256", wraps=key.hashlib.sha256) as hashing:
-        build_key(plans[0], BUDGET)
-        build_key(plans[1], BUDGET)  # an equal plan object: its text is written, not hashed
-        build_key(plans[1], BUDGET)  # the same object again: nothing is written
-    assert writing.call_count == 2
-    assert hashing.call_count == 3  # plan text, family text, key parts (once: the key is memoised)
 
 
 def _with_line(text: str, index: int, line: str) -> str:
