@@ -71,43 +71,16 @@ def _sha(value: object) -> str:
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()
 
 
+#: What defines a plan's shape families. The representatives are a pure function of these (for one estimator
+#: version), so hashing them identifies the families without enumerating every group.
 _FAMILY_FIELDS = ("group_features", "axis_names", "axis_static_values")
 
 
-def family_payload(plan: KernelPlan) -> dict[str, object]:
-    """What defines a plan's shape families: features, axes and static axis values.
-
-    The representatives are a pure function of this (for one estimator
-    version), so hashing it identifies them without enumerating every group.
-    """
-    canonical = plan.canonical_payload()
-    return {k: canonical[k] for k in _FAMILY_FIELDS}
-
-
-def family_hash(plan: KernelPlan) -> str:
-    """sha256 of the shape-family definition."""
-    return _sha(family_payload(plan))
-
-
 def plan_hashes(plan: KernelPlan) -> tuple[str, str]:
-    """``(plan hash, family hash)`` of ``plan``: ``plan.plan_hash()`` and ``family_hash(plan)``, from one payload."""
+    """``(plan hash, family hash)``: sha256 of the canonical plan payload (``plan.plan_hash()``) and of its
+    shape-family fields."""
     canonical = plan.canonical_payload()
     return _sha(canonical), _sha({k: canonical[k] for k in _FAMILY_FIELDS})
-
-
-def payload_text(plan: KernelPlan) -> str:
-    """The plan as an entry stores it: ``canonical_json(plan.to_payload())``."""
-    return canonical_json(plan.to_payload())
-
-
-#: How many keys ``known_parts`` remembers (it starts over when full).
-KNOWN_KEYS = 4096
-_known: dict[str, KeyParts] = {}
-
-
-def known_parts(key: str) -> KeyParts | None:
-    """The parts ``build_key`` digested into ``key`` in this process, if it did (a decode need not re-digest them)."""
-    return _known.get(key)
 
 
 def build_key(plan: KernelPlan, budget: Budget) -> tuple[str, KeyParts]:
@@ -123,8 +96,4 @@ def build_key(plan: KernelPlan, budget: Budget) -> tuple[str, KeyParts]:
         estimator_version=ESTIMATOR_VERSION,
         versions=library_versions(),
     )
-    key = parts.digest()
-    if len(_known) >= KNOWN_KEYS:
-        _known.clear()
-    _known[key] = parts
-    return key, parts
+    return parts.digest(), parts
