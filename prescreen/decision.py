@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from prescreen.budget import Budget
 from prescreen.errors import NotBounded, Reason
@@ -38,8 +37,6 @@ class Decision:
     dominant_arg: ArgFootprint | None
     group_bytes: tuple[tuple[int, int], ...]
     estimator_version: int = ESTIMATOR_VERSION
-    # A decision read by a lookup: the JSON text of its ``DETAIL_FIELDS``, decoded on first access (``__getattr__``).
-    _details: str | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     @property
     def tune(self) -> bool:
@@ -51,34 +48,14 @@ class Decision:
         d["group_bytes"] = [[g, b] for g, b in self.group_bytes]
         return d
 
-    if not TYPE_CHECKING:  # hidden from mypy, which would otherwise accept any attribute name
-
-        def __getattr__(self, name: str) -> object:
-            """A detail field of a decision read by a lookup (``from_payload`` with ``details``): decoded on first
-            access."""
-            if name not in DETAIL_FIELDS:
-                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-            dominant, groups = _decode_details(self)
-            object.__setattr__(self, "dominant_arg", dominant)
-            object.__setattr__(self, "group_bytes", groups)
-            return dominant if name == "dominant_arg" else groups
-
     @staticmethod
-    def from_payload(d: Mapping[str, object], details: str | None = None) -> "Decision":
-        """Strictly validate a stored decision; raises ``ValueError`` on anything off.
-
-        With ``details`` (the JSON text of ``DETAIL_FIELDS``, which ``d`` then lacks), what a hit
-        needs is validated now and the per-group bytes and dominant argument on first access:
-        where they are not valid (or do not add up to ``synthetic_bytes``), they read as ``()``
-        and ``None``. A lookup passes it; listings, imports and bundles validate everything at once.
-        """
+    def from_payload(d: Mapping[str, object]) -> "Decision":
+        """Strictly validate a stored decision; raises ``ValueError`` on anything off."""
         if d.__class__ is not dict and not isinstance(d, Mapping):
             raise ValueError(f"decision must be a mapping, got {type(d).__name__}")
-        lazy = details is not None
-        expected = _HEAD_FIELDS if lazy else _FIELDS
-        if d.keys() != expected:
-            raise ValueError(f"decision fields differ: missing {sorted(expected - set(d))}, "
-                             f"extra {sorted(set(d) - expected)}")
+        if d.keys() != _FIELDS:
+            raise ValueError(f"decision fields differ: missing {sorted(_FIELDS - set(d))}, "
+                             f"extra {sorted(set(d) - _FIELDS)}")
         action = d["action"]
         if action not in ("tune", "fallback"):
             raise ValueError(f"bad action {action!r}")
@@ -103,14 +80,6 @@ class Decision:
             raise ValueError(f"reason must be a string, got {reason!r}")
         if ratio.__class__ not in (int, float) or not 0 < ratio <= 1:
             raise ValueError(f"bad ratio {ratio!r}")
-        if lazy:
-            decision = Decision(action, bounded, blockify, estimated, synthetic, mutated, budget_bytes, total,
-                                ratio, device_kind, reason, largest, None, (), version)
-            object.__delattr__(decision, "dominant_arg")  # unset: read through ``__getattr__``
-            object.__delattr__(decision, "group_bytes")
-            object.__setattr__(decision, "_details", details)
-            _check_consistent(decision, groups=False)
-            return decision
         group_bytes, sizes = _group_pairs(d["group_bytes"])
         dom = d["dominant_arg"]
         decision = Decision(action, bounded, blockify, estimated, synthetic, mutated, budget_bytes, total,
@@ -120,11 +89,10 @@ class Decision:
         return decision
 
 
-_PAYLOAD_FIELDS = tuple(f.name for f in dataclasses.fields(Decision) if f.init)
+_PAYLOAD_FIELDS = tuple(f.name for f in dataclasses.fields(Decision))
 _FIELDS = frozenset(_PAYLOAD_FIELDS)
-#: The fields a hit does not need: stored on a line of their own and decoded on first access after a lookup.
+#: The fields an entry stores on a line of their own, after the head (``prescreen.store.trust``).
 DETAIL_FIELDS = ("dominant_arg", "group_bytes")
-_HEAD_FIELDS = _FIELDS - set(DETAIL_FIELDS)
 _INT_FIELDS = ("estimated_bytes", "synthetic_bytes", "mutated_clone_bytes", "budget_bytes", "total_memory",
                "largest_group_id", "estimator_version")
 _INT_ONLY = {int}
@@ -148,11 +116,10 @@ def _group_pairs(groups: object) -> tuple[tuple[tuple[int, int], ...], tuple[int
     return tuple(zip(ids, sizes)), sizes
 
 
-def _check_consistent(d: Decision, sizes: tuple[int, ...] | None = None, groups: bool = True) -> None:
+def _check_consistent(d: Decision, sizes: tuple[int, ...] | None = None) -> None:
     """Reject a decision whose numbers do not give its action (a tampered or corrupt value).
 
-    ``sizes``: the bytes of ``d.group_bytes`` in order, where the caller has them. ``groups=False``:
-    everything but what involves the detail fields (a lookup's decision, checked on first access).
+    ``sizes``: the bytes of ``d.group_bytes`` in order, where the caller has them.
     """
     if d.total_memory <= 0 or d.budget_bytes != int(d.total_memory * d.ratio):
         raise ValueError(f"budget_bytes={d.budget_bytes} is not int(total_memory={d.total_memory} * ratio={d.ratio})")
@@ -160,9 +127,8 @@ def _check_consistent(d: Decision, sizes: tuple[int, ...] | None = None, groups:
         raise ValueError("enable_auto_blockify is only set on a fallback")
     numbers = (d.estimated_bytes, d.synthetic_bytes, d.mutated_clone_bytes)
     if not d.bounded:
-        if d.action != "fallback" or any(n is not None for n in numbers) or d.largest_group_id is not None or (
-            groups and (d.group_bytes or d.dominant_arg is not None)
-        ):
+        if (d.action != "fallback" or any(n is not None for n in numbers) or d.largest_group_id is not None
+                or d.group_bytes or d.dominant_arg is not None):
             raise ValueError("a not-bounded decision must be a fallback without footprint numbers")
         return
     est, syn, mut = numbers
@@ -170,10 +136,6 @@ def _check_consistent(d: Decision, sizes: tuple[int, ...] | None = None, groups:
         raise ValueError(f"estimated_bytes={est} must equal synthetic_bytes={syn} + mutated_clone_bytes={mut}")
     if (d.action == "tune") != (est <= d.budget_bytes) and not is_observed_oom(d):
         raise ValueError(f"action={d.action} contradicts estimated_bytes={est} vs budget_bytes={d.budget_bytes}")
-    if not groups:
-        if syn != 0 and d.largest_group_id is None:  # bytes in some group, so there is a largest one
-            raise ValueError("group_bytes do not add up to synthetic_bytes")
-        return
     largest = None
     if d.group_bytes:
         if sizes is None:
@@ -185,22 +147,6 @@ def _check_consistent(d: Decision, sizes: tuple[int, ...] | None = None, groups:
         raise ValueError("group_bytes do not add up to synthetic_bytes")
     if d.largest_group_id != largest:
         raise ValueError(f"largest_group_id={d.largest_group_id} is not the largest group ({largest})")
-
-
-def _decode_details(d: Decision) -> tuple[ArgFootprint | None, tuple[tuple[int, int], ...]]:
-    """``(dominant_arg, group_bytes)`` from a lookup's decision's details text, checked against its numbers;
-    ``(None, ())`` where they are not valid (never raises)."""
-    try:
-        found = json.loads(d._details or "")
-        if not isinstance(found, dict) or found.keys() != set(DETAIL_FIELDS):
-            return None, ()
-        groups, sizes = _group_pairs(found["group_bytes"])
-        raw = found["dominant_arg"]
-        dominant = None if raw is None else ArgFootprint.from_payload(raw)
-        _check_consistent(dataclasses.replace(d, dominant_arg=dominant, group_bytes=groups), sizes)
-        return dominant, groups
-    except (ValueError, TypeError, KeyError, RecursionError, AttributeError):
-        return None, ()
 
 
 def is_observed_oom(d: Decision) -> bool:
