@@ -50,7 +50,7 @@ def child(batch: int, device_memory: str, ratio: float) -> None:
     import prescreen
     from prescreen.decision import decide_with, try_representatives
     from prescreen.families import BUCKETS_ENV
-    from prescreen.hooks import select_algorithm, state
+    from prescreen.hooks import inductor_select, state
     from prescreen.key import build_key
     from prescreen.service import OBSERVERS
 
@@ -58,7 +58,7 @@ def child(batch: int, device_memory: str, ratio: float) -> None:
     ic.fx_graph_cache = False
     exact_action: dict[str, str] = {}  # bucketed key -> the decision the exact hint would give
     outcomes: list[dict[str, Any]] = []
-    original = select_algorithm.plan_for_selection
+    original = inductor_select.plan_for_selection
 
     def both_plans(name: str, input_nodes: Any, layout: Any) -> Any:
         plan = original(name, input_nodes, layout)
@@ -75,7 +75,7 @@ def child(batch: int, device_memory: str, ratio: float) -> None:
         exact_action[build_key(plan, budget)[0]] = decide_with(exact, try_representatives(exact), budget).action
         return plan
 
-    select_algorithm.plan_for_selection = both_plans  # what _guard calls
+    inductor_select.plan_for_selection = both_plans  # what _guard calls
     OBSERVERS.append(lambda o, plan: outcomes.append({
         "key": o.key, "hit": o.hit, "action": o.decision.action, "kernel": plan.display_name,
         "family": ", ".join(t for _, t in plan.axis_labels)}))

@@ -23,7 +23,7 @@ def main() -> None:
 
     import prescreen
     from prescreen.footprint import estimate_footprint
-    from prescreen.hooks import select_algorithm as guard
+    from prescreen.hooks import inductor_select as guard
     from prescreen.representatives import build_representatives
 
     ic.fx_graph_cache = False  # every case must really autotune

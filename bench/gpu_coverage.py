@@ -28,7 +28,6 @@ every benchmark really runs). Measured with ``torch.cuda.max_memory_allocated``:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import os
@@ -36,8 +35,7 @@ import platform
 import tempfile
 import time
 import traceback
-import weakref
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor-coverage-"))
@@ -363,19 +361,6 @@ def trace_lookups() -> None:
     service._lookup_or_decide = traced
 
 
-@contextlib.contextmanager
-def _own_guard_caches(sel: Any) -> Iterator[None]:
-    """The meter builds plans of its own, before the guard does: with caches of their own, or they would fill
-    the ones the guard's wrappers read (a graph's symbol facts, a scheduler's fusion plans, the flush size),
-    and the guard would be timed on warm caches."""
-    saved = sel._facts_by_graph, sel._fusion_plans, sel._flush_bytes
-    sel._facts_by_graph, sel._fusion_plans, sel._flush_bytes = weakref.WeakKeyDictionary(), weakref.WeakKeyDictionary(), {}
-    try:
-        yield
-    finally:
-        sel._facts_by_graph, sel._fusion_plans, sel._flush_bytes = saved
-
-
 def instrument(meter: Meter) -> None:
     """Wrap prescreen's guarded steps (outermost, so a retry is inside the window)."""
     from torch._inductor import scheduler
@@ -383,13 +368,13 @@ def instrument(meter: Meter) -> None:
     from torch._inductor.select_algorithm import AlgorithmSelectorCache
 
     from prescreen.decision import decide
-    from prescreen.hooks import select_algorithm as sel
+    from prescreen.hooks import inductor_fusion as fus
+    from prescreen.hooks import inductor_select as sel
     from prescreen.hooks import triton_autotune as rt
 
     def estimate(plans_fn: Callable[[], Any]) -> int | None:
         try:
-            with _own_guard_caches(sel):
-                plans = plans_fn()
+            plans = plans_fn()
             return max(decide(p, _BUDGET).estimated_bytes for p in (plans if isinstance(plans, list) else [plans]))
         except Exception as exc:  # a plan the guard cannot build is reported as such
             print(f"  (no estimate: {exc!r})")
@@ -410,14 +395,14 @@ def instrument(meter: Meter) -> None:
 
     def benchmarked(node1: Any, node2: Any) -> bool:
         try:
-            return bool(sel._is_benchmarked_fusion(node1, node2))
+            return bool(fus._is_benchmarked_fusion(node1, node2))
         except Exception:
             return False
 
     def fusion(self: Any, node1: Any, node2: Any, *args: Any, **kwargs: Any) -> Any:
         if not benchmarked(node1, node2):
             return inner_fusion(self, node1, node2, *args, **kwargs)
-        meter.enter("fusion", "epilogue", lambda: estimate(lambda: sel.plans_for_fusion(self, node1, node2)))
+        meter.enter("fusion", "epilogue", lambda: estimate(lambda: fus.plans_for_fusion(self, node1, node2)))
         try:
             return inner_fusion(self, node1, node2, *args, **kwargs)
         finally:

@@ -184,7 +184,7 @@ def plan_for_autotuner(
 
     ``named`` and ``device``: ``_named_args`` of the call and ``_device_of`` them, where the caller has them.
     """
-    from prescreen.hooks.select_algorithm import GPU_SLACK_BYTES, concrete_tensor_arg, flush_buffer_bytes
+    from prescreen.hooks.inductor_select import GPU_SLACK_BYTES, concrete_tensor_arg, flush_buffer_bytes
 
     if named is None:
         named = _named_args(autotuner, args, kwargs)

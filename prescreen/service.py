@@ -60,11 +60,6 @@ class Outcome:
     entry: Entry | None
 
 
-def forget(store: Store | None = None) -> None:
-    """Nothing to drop: no decision is kept in this process, every lookup reads the store (kept for callers
-    that drop a memory before timing or checking a fresh read)."""
-
-
 def lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, *, write: bool = True) -> Outcome:
     """The decision for ``plan`` under ``budget``: from ``store`` on a hit, else computed and stored.
 

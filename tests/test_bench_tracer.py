@@ -30,7 +30,6 @@ def test_traced_lookups_still_decide(tmp_path: Path, monkeypatch: pytest.MonkeyP
     budget = Budget("cuda", 140 * 2**30, 0.9)
     with DiskStore(tmp_path) as store:
         first = service.lookup_or_decide(bench_cold_lookup.runtime_plan(1), budget, store)
-        service.forget(store)
         again = service.lookup_or_decide(bench_cold_lookup.runtime_plan(1), budget, store)
     assert (first.hit, again.hit, first.decision.tune) == (False, True, True)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  lookup autotune:")]

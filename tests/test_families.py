@@ -296,7 +296,7 @@ def test_only_expressions_that_grow_are_estimated_at_the_bound() -> None:
     import sympy
     from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
-    from prescreen.hooks.select_algorithm import _grows  # type: ignore[import-not-found]
+    from prescreen.hooks.inductor_select import _grows
 
     s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
     for e in (s0, s0 - 1, 2 * s0 * s1 + 3, s0**2, FloorDiv(s0, 16), s0 / 16, sympy.Integer(64)):
@@ -321,7 +321,7 @@ def test_converter_keys_by_bucket_bound_and_takes_a_shrinking_expression_at_the_
     import sympy
 
     from prescreen.expr import Axis, Const
-    from prescreen.hooks.select_algorithm import _Converter
+    from prescreen.hooks.inductor_select import _Converter
 
     s0 = sympy.Symbol("s0", integer=True, positive=True)
     conv = _Converter(_SizeVars({"s0": 3000}))

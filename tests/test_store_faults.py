@@ -20,7 +20,7 @@ from test_store_support import BUDGET, fact_child, make_entry, make_plan, warnin
 from prescreen import service
 from prescreen.decision import decide, is_observed_oom
 from prescreen.plan import KernelPlan
-from prescreen.service import Outcome, forget, lookup_or_decide, record_observed_oom
+from prescreen.service import Outcome, lookup_or_decide, record_observed_oom
 from prescreen.store import DiskStore
 from prescreen.store.entry import Entry
 from prescreen.store.recovery import LOCK_NAME, recovery_lock
@@ -302,7 +302,6 @@ def test_a_fact_that_cannot_be_written_is_kept_in_the_process(
         with caplog.at_level(logging.WARNING, logger="prescreen"):
             facts = [record_observed_oom(plan_of(seed), BUDGET, store, requested_bytes=1, free_bytes=2)
                      for seed in (FACT_SEED, FACT_SEED + 2)]
-        forget(store)
         for _ in range(2):
             outcome = lookup_or_decide(plan_of(FACT_SEED), BUDGET, store)
             assert is_observed_oom(outcome.decision) and outcome.decision == facts[0].decision

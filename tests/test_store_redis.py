@@ -281,7 +281,7 @@ def test_a_running_replica_serves_a_remote_observed_oom_within_the_recheck(redis
         return {"tiered": [str(tmp_path / name), redis_url], "recheck": 0.5}
 
     ready = tmp_path / "ready"
-    watcher = fact_child({"store": tiered("b"), "seed": 40, "do": "watch", "tune_recheck": 0.5, "ready": str(ready),
+    watcher = fact_child({"store": tiered("b"), "seed": 40, "do": "watch", "ready": str(ready),
                           "timeout": 20})
     deadline = time.monotonic() + 120
     while not ready.exists():

@@ -39,42 +39,23 @@ class StoreStats:
     detail: str = ""
 
 
-#: Called before a store's ``hits`` is read: ``prescreen.service`` adds the reads it answered from
-#: memory and has not counted yet (see ``Store.hits``).
-BEFORE_HITS_READ: list[Callable[[], None]] = []
-
-
 class Store(abc.ABC):
     """A decision store. Faults mean miss + one warning, never an exception."""
 
     backend: str = "abstract"
     location: str = ""
-    #: Set by ``prescreen.service`` on every change of its memo of this store; a plan object's
-    #: remembered hit is valid while the store carries the token it was remembered with.
-    memo_token: object = None
 
     def __init__(self, signer: Signer | None = None) -> None:
         self._warned: set[str] = set()
         self._warn_lock = threading.Lock()
-        self._found = 0
+        self.hits = 0  # reads of this object that found a valid entry
         self.misses = 0
         # With a secret (argument, PRESCREEN_SIGNING_KEY or _FILE), entries are signed on put and checked on read.
         self.signer = signer if signer is not None else signer_from_env()
 
-    @property
-    def hits(self) -> int:
-        """Reads that found a valid entry: those of this object, and the service's answers from memory."""
-        for bring_up_to_date in BEFORE_HITS_READ:
-            bring_up_to_date()
-        return self._found
-
-    @hits.setter
-    def hits(self, value: int) -> None:
-        self._found = value
-
     def add_hits(self, n: int) -> None:
         """Count ``n`` more reads that found a valid entry."""
-        self._found += n
+        self.hits += n
 
     def warn_once(self, what: str, exc: BaseException | str) -> None:
         """Log a store fault once per kind of fault per store."""

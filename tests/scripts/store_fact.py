@@ -7,7 +7,7 @@ Argument: one JSON object.
 - ``seed``: the plan (``test_store_support.make_plan``);
 - ``do``: ``record`` (an observed OOM), ``lookup`` (once), or ``watch`` (look up every 20 ms, for at most
   ``timeout`` seconds, until the decision is an observed OOM);
-- ``tune_recheck``, ``fact_wait``: ``prescreen.service`` settings for this process;
+- ``fact_wait``: ``prescreen.service.FACT_WAIT_SECONDS`` for this process;
 - ``ready``: a file made once the store is open and the plan looked up once (``watch``); ``exit_after``: a
   file waited for (at most 60 s) before exiting normally.
 
@@ -31,9 +31,8 @@ from prescreen.decision import is_observed_oom  # noqa: E402
 from prescreen.store import DiskStore, Store, TieredStore  # noqa: E402
 
 spec = json.loads(sys.argv[1])
-for name in ("tune_recheck", "fact_wait"):
-    if name in spec:
-        setattr(service, {"tune_recheck": "TUNE_RECHECK_SECONDS", "fact_wait": "FACT_WAIT_SECONDS"}[name], spec[name])
+if "fact_wait" in spec:
+    service.FACT_WAIT_SECONDS = spec["fact_wait"]
 
 
 def open_spec(where: dict[str, object]) -> Store:
