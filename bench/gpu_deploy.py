@@ -34,6 +34,9 @@ from typing import Any
 
 HERE = Path(__file__).resolve()
 BY_CALLER: dict[str, int] = {}  # a replica's benchmarks by the Inductor step that ran them
+STACKS: dict[str, int] = {}  # the call chains of a replica's compile-time ("autotune") benchmarks
+PRESCREEN_S: dict[str, float] = {}  # seconds inside prescreen's plan building and lookups, by hook
+CALLS: dict[str, int] = {}
 MODE = "max-autotune-no-cudagraphs"
 BATCHES = (4, 8, 16)  # one per family of batch=4..16 under the default power-of-two buckets
 DEVICE = os.environ.get("DEPLOY_DEVICE", "cuda")  # cpu: a dry run of the flow (nothing autotunes)
@@ -77,8 +80,14 @@ def _count_benchmarks() -> list[int]:
             frame = sys._getframe(1)
             while frame is not None and frame.f_code.co_name not in callers:
                 frame = frame.f_back  # type: ignore[assignment]
-            BY_CALLER[frame.f_code.co_name if frame is not None else "other"] = \
-                BY_CALLER.get(frame.f_code.co_name if frame is not None else "other", 0) + 1
+            caller = frame.f_code.co_name if frame is not None else "other"
+            BY_CALLER[caller] = BY_CALLER.get(caller, 0) + 1
+            if caller == "autotune":
+                chain, f = [], sys._getframe(1)
+                while f is not None and len(chain) < 14:
+                    chain.append(f"{Path(f.f_code.co_filename).name}:{f.f_code.co_name}")
+                    f = f.f_back  # type: ignore[assignment]
+                STACKS[" < ".join(chain)] = STACKS.get(" < ".join(chain), 0) + 1
             return method(*args, **kwargs)
         return run
 
@@ -87,6 +96,30 @@ def _count_benchmarks() -> list[int]:
             if name in vars(cls):
                 setattr(cls, name, counted(vars(cls)[name]))
     return ran
+
+
+def _time_prescreen() -> None:
+    """Sum the time the hooks spend building plans and looking them up (prescreen's own work in a step;
+    the upstream method a guard calls afterwards is not counted)."""
+    from prescreen.hooks import inductor_fusion, inductor_select, triton_autotune
+
+    def timed(module: Any, name: str, label: str) -> None:
+        inner = getattr(module, name)
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                PRESCREEN_S[label] = PRESCREEN_S.get(label, 0.0) + time.perf_counter() - start
+                CALLS[label] = CALLS.get(label, 0) + 1
+        setattr(module, name, run)
+
+    timed(inductor_fusion, "plans_for_fusion", "fusion plans")
+    timed(inductor_fusion, "lookup_or_decide", "fusion lookups")
+    timed(inductor_select, "plan_for_selection", "selection plans")
+    timed(inductor_select, "lookup_or_decide", "selection lookups")
+    timed(triton_autotune, "_decide", "runtime plans + lookups")
 
 
 def _compile_all() -> None:
@@ -103,6 +136,7 @@ def _compile_all() -> None:
     if load:
         prescreen.load(load)
     prescreen.install()
+    _time_prescreen()
     digests = []
     start = time.perf_counter()
     for batch in BATCHES:
@@ -121,6 +155,7 @@ def _compile_all() -> None:
         "benchmarks": ran[0], "by_caller": BY_CALLER,
         "best_configs": len(list(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).rglob("*.best_config"))),
         "fx_hit": ind["fxgraph_cache_hit"], "digests": digests, "tag": torch.compiler.config.cache_key_tag,
+        "prescreen_s": PRESCREEN_S, "calls": CALLS, "stacks": STACKS,
     }), flush=True)
 
 
@@ -162,6 +197,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--replica", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help="Also write the table (markdown) here.")
+    parser.add_argument("--steps", default="warm,replica,cold,plan,small",
+                        help="Comma-separated subset of the steps (replica and small need warm's artifact).")
     opts = parser.parse_args()
     if opts.replica:
         _compile_all()
@@ -173,35 +210,59 @@ def main() -> None:
               flush=True)
         return result
 
+    steps = set(opts.steps.split(","))
+    results: dict[str, dict[str, Any]] = {}
     try:
-        warm = _warm(root, "warm", "--artifact", str(artifact))
-        warm["best_configs"] = len(list((root / "warm" / "inductor").rglob("*.best_config")))
-        step("warm", warm)
-        replica = step("replica", _replica(root, "replica", DEPLOY_LOAD=str(artifact)))
-        cold = step("cold", _replica(root, "cold"))
-        plan = step("plan", _warm(root, "plan", "--plan-only"))
-        small = step("small", _replica(root, "small", DEPLOY_LOAD=str(artifact), PRESCREEN_DEVICE_MEMORY="256MiB"))
+        if "warm" in steps:
+            warm = _warm(root, "warm", "--artifact", str(artifact))
+            warm["best_configs"] = len(list((root / "warm" / "inductor").rglob("*.best_config")))
+            results["warm"] = step("warm", warm)
+        if "replica" in steps:
+            results["replica"] = step("replica", _replica(root, "replica", DEPLOY_LOAD=str(artifact)))
+        if "cold" in steps:
+            results["cold"] = step("cold", _replica(root, "cold"))
+        if "plan" in steps:
+            results["plan"] = step("plan", _warm(root, "plan", "--plan-only"))
+        if "small" in steps:
+            results["small"] = step("small", _replica(root, "small", DEPLOY_LOAD=str(artifact),
+                                                      PRESCREEN_DEVICE_MEMORY="256MiB"))
         rows = [
-            "| step | wall s | compile s | benchmarks | lookups | computed | fallbacks | FX hits | outputs = cold |",
-            "|---|---|---|---|---|---|---|---|---|",
-            f"| warm --artifact ({warm['families']} families) | {warm['wall']:.1f} | {warm['seconds']:.1f} | | "
-            f"{warm['lookups']} | {warm['decisions_made']} | {warm['fell_back']} | {warm['cache_answered']} answered | |",
-            f"| warm --plan-only | {plan['wall']:.1f} | {plan['seconds']:.1f} | | {plan['lookups']} | "
-            f"{plan['decisions_made']} | {plan['fell_back']} | | |",
+            "| step | wall s | compile s | benchmarks | lookups | computed | fallbacks | FX hits | outputs = cold "
+            "| prescreen s (share of compile) |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for name, r in (("cold replica", cold), ("replica + load", replica), ("replica + load, 256 MiB", small)):
-            same = all(abs(a - b) <= 1e-2 * max(1.0, abs(b)) for a, b in zip(r["digests"], cold["digests"]))
+        if "warm" in results:
+            warm = results["warm"]
+            rows.append(f"| warm --artifact ({warm['families']} families) | {warm['wall']:.1f} | {warm['seconds']:.1f} "
+                        f"| | {warm['lookups']} | {warm['decisions_made']} | {warm['fell_back']} | "
+                        f"{warm['cache_answered']} answered | | |")
+        if "plan" in results:
+            plan = results["plan"]
+            rows.append(f"| warm --plan-only | {plan['wall']:.1f} | {plan['seconds']:.1f} | | {plan['lookups']} | "
+                        f"{plan['decisions_made']} | {plan['fell_back']} | | | |")
+        cold_digests = results.get("cold", {}).get("digests")
+        for key, name in (("cold", "cold replica"), ("replica", "replica + load"), ("small", "replica + load, 256 MiB")):
+            if key not in results:
+                continue
+            r = results[key]
+            same = (all(abs(a - b) <= 1e-2 * max(1.0, abs(b)) for a, b in zip(r["digests"], cold_digests))
+                    if cold_digests else "-")
+            own = sum(r["prescreen_s"].values())
             rows.append(f"| {name} | {r['wall']:.1f} | {r['seconds']:.1f} | {r['benchmarks']} | {r['lookups']} | "
-                        f"{r['computed']} | {r['fell_back']} | {r['fx_hit']} | {same} |")
+                        f"{r['computed']} | {r['fell_back']} | {r['fx_hit']} | {same} | "
+                        f"{own:.2f} ({100 * own / r['seconds']:.3f}%) |")
         rows.append("")
-        rows.append(f"plan-only / full warm (compile seconds): {plan['seconds'] / warm['seconds']:.3f}; "
-                    f"replica + load / cold compile: {replica['seconds'] / cold['seconds']:.3f}; "
-                    f"artifact {artifact.stat().st_size / 2**20:.1f} MiB")
+        if "plan" in results and "warm" in results:
+            rows.append(f"plan-only / full warm (compile seconds): "
+                        f"{results['plan']['seconds'] / results['warm']['seconds']:.3f}")
+        if "replica" in results and "cold" in results:
+            rows.append(f"replica + load / cold compile: {results['replica']['seconds'] / results['cold']['seconds']:.3f}")
+        if artifact.exists():
+            rows.append(f"artifact {artifact.stat().st_size / 2**20:.1f} MiB")
         text = "\n".join(rows)
         print(text)
         if opts.out:
-            Path(opts.out).write_text(text + "\n\n" + json.dumps(
-                {"warm": warm, "plan": plan, "cold": cold, "replica": replica, "small": small}, default=str) + "\n")
+            Path(opts.out).write_text(text + "\n\n" + json.dumps(results, default=str) + "\n")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
