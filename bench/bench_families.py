@@ -48,7 +48,7 @@ def child(batch: int, device_memory: str, ratio: float) -> None:
     from tiny_models import mlp
 
     import prescreen
-    from prescreen.decision import decide_with, try_representatives
+    from prescreen.decision import decide
     from prescreen.families import BUCKETS_ENV
     from prescreen.hooks import inductor_select, state
     from prescreen.key import build_key
@@ -72,7 +72,7 @@ def child(batch: int, device_memory: str, ratio: float) -> None:
             else:
                 os.environ[BUCKETS_ENV] = before
         budget = state.budget_for(layout.device)
-        exact_action[build_key(plan, budget)[0]] = decide_with(exact, try_representatives(exact), budget).action
+        exact_action[build_key(plan, budget)[0]] = decide(exact, budget).action
         return plan
 
     inductor_select.plan_for_selection = both_plans  # what _guard calls

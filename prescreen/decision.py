@@ -50,42 +50,37 @@ class Decision:
 
     @staticmethod
     def from_payload(d: Mapping[str, object]) -> "Decision":
-        """Strictly validate a stored decision; raises ``ValueError`` on anything off."""
-        if d.__class__ is not dict and not isinstance(d, Mapping):
+        """Strictly validate a stored decision (exact types, numbers that give its action); raises ``ValueError``."""
+        if not isinstance(d, Mapping):
             raise ValueError(f"decision must be a mapping, got {type(d).__name__}")
         if d.keys() != _FIELDS:
             raise ValueError(f"decision fields differ: missing {sorted(_FIELDS - set(d))}, "
                              f"extra {sorted(set(d) - _FIELDS)}")
-        action = d["action"]
-        if action not in ("tune", "fallback"):
-            raise ValueError(f"bad action {action!r}")
-        ints: list[Any] = [d[key] for key in _INT_FIELDS]  # checked just below
-        for key, v in zip(_INT_FIELDS, ints):
-            if v is not None and v.__class__ is not int:  # bools too
+        raw: dict[str, Any] = dict(d)  # each value is checked below before it is used
+        if raw["action"] not in ("tune", "fallback"):
+            raise ValueError(f"bad action {raw['action']!r}")
+        for key in _INT_FIELDS:
+            v = raw[key]
+            if v.__class__ is not int and (v is not None or key in _REQUIRED_INTS):  # bools too
                 raise ValueError(f"{key} must be an int, got {v!r}")
-        estimated, synthetic, mutated, budget_bytes, total, largest, version = ints
-        for key, v in (("budget_bytes", budget_bytes), ("total_memory", total), ("estimator_version", version)):
-            if v is None:
-                raise ValueError(f"{key} must be an int, got None")
-        raw: Mapping[str, Any] = d  # each value is checked below before it is used
-        bounded, blockify, device_kind, reason, ratio = (
-            raw["bounded"], raw["enable_auto_blockify"], raw["device_kind"], raw["reason"], raw["ratio"])
-        if bounded.__class__ is not bool:
-            raise ValueError("bounded must be a bool")
-        if blockify.__class__ is not bool:
-            raise ValueError("enable_auto_blockify must be a bool")
-        if not isinstance(device_kind, str):
-            raise ValueError(f"device_kind must be a string, got {device_kind!r}")
-        if not isinstance(reason, str):
-            raise ValueError(f"reason must be a string, got {reason!r}")
-        if ratio.__class__ not in (int, float) or not 0 < ratio <= 1:
-            raise ValueError(f"bad ratio {ratio!r}")
-        group_bytes, sizes = _group_pairs(d["group_bytes"])
-        dom = d["dominant_arg"]
-        decision = Decision(action, bounded, blockify, estimated, synthetic, mutated, budget_bytes, total,
-                            ratio, device_kind, reason, largest,
-                            None if dom is None else ArgFootprint.from_payload(dom), group_bytes, version)
-        _check_consistent(decision, sizes)
+        for key in ("bounded", "enable_auto_blockify"):
+            if raw[key].__class__ is not bool:
+                raise ValueError(f"{key} must be a bool")
+        for key in ("device_kind", "reason"):
+            if not isinstance(raw[key], str):
+                raise ValueError(f"{key} must be a string, got {raw[key]!r}")
+        if raw["ratio"].__class__ not in (int, float) or not 0 < raw["ratio"] <= 1:
+            raise ValueError(f"bad ratio {raw['ratio']!r}")
+        groups = raw["group_bytes"]  # one pair per group: checked in C-level passes (map, set, zip)
+        if groups.__class__ is not list or (groups and (
+                set(map(type, groups)) != {list} or set(map(len, groups)) != {2}
+                or set(map(type, (x for pair in groups for x in pair))) != {int})):
+            raise ValueError("group_bytes must be a list of [group_id, bytes]")
+        raw["group_bytes"] = tuple(map(tuple, groups))
+        if raw["dominant_arg"] is not None:
+            raw["dominant_arg"] = ArgFootprint.from_payload(raw["dominant_arg"])
+        decision = Decision(**raw)
+        _check_consistent(decision)
         return decision
 
 
@@ -95,32 +90,11 @@ _FIELDS = frozenset(_PAYLOAD_FIELDS)
 DETAIL_FIELDS = ("dominant_arg", "group_bytes")
 _INT_FIELDS = ("estimated_bytes", "synthetic_bytes", "mutated_clone_bytes", "budget_bytes", "total_memory",
                "largest_group_id", "estimator_version")
-_INT_ONLY = {int}
+_REQUIRED_INTS = ("budget_bytes", "total_memory", "estimator_version")
 
 
-def _group_pairs(groups: object) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
-    """A stored ``group_bytes`` (``[[group_id, bytes], ...]``, ints only, no bools) as pairs, and the bytes
-    alone (for ``_check_consistent``); raises ``ValueError``.
-
-    Checked with C-level passes (``map``/``zip``/``set``): an entry holds one pair per group.
-    """
-    if groups.__class__ is not list:
-        raise ValueError("group_bytes must be a list of [group_id, bytes]")
-    if not groups:
-        return (), ()
-    if set(map(type, groups)) != {list} or set(map(len, groups)) != {2}:
-        raise ValueError("group_bytes must be a list of [group_id, bytes]")
-    ids, sizes = zip(*groups)
-    if not set(map(type, ids)) <= _INT_ONLY or not set(map(type, sizes)) <= _INT_ONLY:
-        raise ValueError("group_bytes must be a list of [group_id, bytes]")
-    return tuple(zip(ids, sizes)), sizes
-
-
-def _check_consistent(d: Decision, sizes: tuple[int, ...] | None = None) -> None:
-    """Reject a decision whose numbers do not give its action (a tampered or corrupt value).
-
-    ``sizes``: the bytes of ``d.group_bytes`` in order, where the caller has them.
-    """
+def _check_consistent(d: Decision) -> None:
+    """Reject a decision whose numbers do not give its action (a tampered or corrupt value)."""
     if d.total_memory <= 0 or d.budget_bytes != int(d.total_memory * d.ratio):
         raise ValueError(f"budget_bytes={d.budget_bytes} is not int(total_memory={d.total_memory} * ratio={d.ratio})")
     if d.enable_auto_blockify and d.action != "fallback":
@@ -138,8 +112,7 @@ def _check_consistent(d: Decision, sizes: tuple[int, ...] | None = None) -> None
         raise ValueError(f"action={d.action} contradicts estimated_bytes={est} vs budget_bytes={d.budget_bytes}")
     largest = None
     if d.group_bytes:
-        if sizes is None:
-            _, sizes = zip(*d.group_bytes)
+        _, sizes = zip(*d.group_bytes)
         if min(sizes) < 0 or sum(sizes) != syn:
             raise ValueError("group_bytes do not add up to synthetic_bytes")
         largest = d.group_bytes[sizes.index(max(sizes))][0]
@@ -217,25 +190,19 @@ def not_bounded_decision(plan: KernelPlan, budget: Budget, exc: NotBounded) -> D
     )
 
 
-def decide_with(plan: KernelPlan, reps: Representatives | NotBounded, budget: Budget) -> Decision:
-    """Decide from already-built representatives (or the error building them)."""
-    if isinstance(reps, NotBounded):
-        return not_bounded_decision(plan, budget, reps)
+def decide_with_representatives(plan: KernelPlan, budget: Budget) -> tuple[Decision, Representatives | None]:
+    """The decision, and the representatives it was estimated over (None where they cannot be built)."""
+    try:
+        reps = build_representatives(plan)
+    except NotBounded as exc:
+        return not_bounded_decision(plan, budget, exc), None
     try:
         fp = estimate_footprint(plan, reps)
     except NotBounded as exc:
-        return not_bounded_decision(plan, budget, exc)
-    return _from_footprint(plan, budget, fp)
-
-
-def try_representatives(plan: KernelPlan) -> Representatives | NotBounded:
-    """Representatives, or the ``NotBounded`` that stopped them (returned, not raised)."""
-    try:
-        return build_representatives(plan)
-    except NotBounded as exc:
-        return exc
+        return not_bounded_decision(plan, budget, exc), reps
+    return _from_footprint(plan, budget, fp), reps
 
 
 def decide(plan: KernelPlan, budget: Budget) -> Decision:
     """Representatives -> footprint -> decision; never raises for a bad plan."""
-    return decide_with(plan, try_representatives(plan), budget)
+    return decide_with_representatives(plan, budget)[0]

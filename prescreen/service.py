@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 
 from prescreen.budget import Budget
-from prescreen.decision import Decision, decide_with, is_observed_oom, try_representatives
-from prescreen.errors import NotBounded, Reason
+from prescreen.decision import Decision, decide_with_representatives, is_observed_oom
+from prescreen.errors import Reason
 from prescreen.key import build_key
 from prescreen.plan import KernelPlan
 from prescreen.representatives import Representatives
@@ -63,11 +63,9 @@ class Outcome:
 def lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, *, write: bool = True) -> Outcome:
     """The decision for ``plan`` under ``budget``: from ``store`` on a hit, else computed and stored.
 
-    Every lookup reads the store (about 0.1-0.3 ms, far below a compile's noise), so a fact another
-    process or replica records is served at once. A computed decision is only ever *added*
-    (``Store.put`` keeps a valid entry at least as strict already there), so a stored observed_oom
-    fallback is never overwritten by a computed tune; a put that loses to one answers with it. A fact
-    this process could not write (``record_observed_oom``) answers its key here, whatever the store.
+    Every lookup reads the store, so a fact another process records is served at once. A computed decision
+    is only ever added (``Store.put`` keeps a stricter entry), and a put that loses to a fact answers with it.
+    A fact this process holds unwritten (``record_observed_oom``) answers its key, whatever the store.
     """
     start = time.perf_counter()
     try:
@@ -96,10 +94,8 @@ def _lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, wri
             return Outcome(key, found.decision, True, found)
     with _lock:
         COUNTERS.estimator_calls += 1
-    reps = try_representatives(plan)
-    decision = decide_with(plan, reps, budget)
-    family = None if isinstance(reps, NotBounded) else family_summary(reps)
-    entry = Entry.new(key, parts, plan, family, decision)
+    decision, reps = decide_with_representatives(plan, budget)
+    entry = Entry.new(key, parts, plan, family_summary(reps), decision)
     outcome = Outcome(key, decision, False, entry)
     if store is not None and write:
         if _put(store, entry):
@@ -138,9 +134,9 @@ def _put(store: Store, entry: Entry) -> bool:
         return False
 
 
-def family_summary(reps: Representatives) -> dict[str, object]:
+def family_summary(reps: Representatives | None) -> dict[str, object] | None:
     """What an entry keeps of the shape family; the full representatives follow from its plan."""
-    return {
+    return None if reps is None else {
         "group_count": reps.group_count,
         "reachable": len(reps.groups),
         "unreachable_group_ids": list(reps.unreachable_group_ids),
@@ -165,9 +161,8 @@ def observed_oom_decision(
 ) -> Decision:
     """``computed`` turned into the fallback a real out-of-memory error proved right.
 
-    The numbers the estimator gave stay as they were (the entry still shows
-    what was estimated); the reason starts with ``observed_oom`` and carries
-    the bytes requested and free at that moment, the estimate, host and time.
+    The estimator's numbers stay; the reason starts with ``observed_oom`` and carries the bytes requested
+    and free at that moment, the estimate, host and time.
     """
     stamp = datetime.datetime.fromtimestamp(time.time() if when is None else when, datetime.timezone.utc)
     fields = {
@@ -184,19 +179,6 @@ def observed_oom_decision(
     return dataclasses.replace(computed, action="fallback", enable_auto_blockify=plan.is_dynamic, reason=reason)
 
 
-def observation(decision: Decision) -> dict[str, str]:
-    """The ``key=value`` fields of an observed_oom reason (empty for any other decision)."""
-    if not is_observed_oom(decision):
-        return {}
-    head = decision.reason.split(" error=", 1)[0]
-    out: dict[str, str] = {}
-    for token in head.split(":", 1)[-1].split():
-        name, sep, value = token.partition("=")
-        if sep:
-            out[name] = value
-    return out
-
-
 def record_observed_oom(
     plan: KernelPlan,
     budget: Budget,
@@ -208,22 +190,15 @@ def record_observed_oom(
 ) -> Outcome:
     """Store the fact that ``plan``'s benchmark ran out of memory under ``budget``, before returning.
 
-    The entry goes under the same key a lookup uses, replacing a computed
-    ``tune`` there (``Store.put``: a fact outranks an estimate). Every later
-    lookup hits it and falls back without benchmarking. The write goes through
-    contention: retried with backoff for ``FACT_WAIT_SECONDS`` (never skipped for
-    a store's pause after a fault). A fact that still cannot be written is kept
-    in this process (``_held``): every lookup of its key here falls back, the
-    write is tried again at a lookup every ``FACT_RETRY_SECONDS`` and at exit,
-    and one warning says so. Without a store nothing is kept.
+    It goes under the key a lookup uses and outranks a computed ``tune`` there (``Store.put``). The write is
+    retried with backoff for ``FACT_WAIT_SECONDS``; a fact still unwritten is held in this process (its lookups
+    fall back) and retried every ``FACT_RETRY_SECONDS`` and at exit, with one warning.
     """
     key, parts = build_key(plan, budget)
-    reps = try_representatives(plan)
-    computed = decide_with(plan, reps, budget)
+    computed, reps = decide_with_representatives(plan, budget)
     decision = observed_oom_decision(plan, computed, requested_bytes=requested_bytes, free_bytes=free_bytes,
                                      error=error)
-    family = None if isinstance(reps, NotBounded) else family_summary(reps)
-    entry = Entry.new(key, parts, plan, family, decision)
+    entry = Entry.new(key, parts, plan, family_summary(reps), decision)
     stored = store is not None and _put_fact(store, entry, FACT_WAIT_SECONDS)
     if store is not None and not stored:
         _hold(store, entry)  # this process falls back for it from now on

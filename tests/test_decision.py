@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from strategies import PlanCase, plan_cases, upstream_meta
 
 from prescreen.budget import Budget
-from prescreen.decision import ESTIMATOR_VERSION, Decision, decide, decide_with, try_representatives
+from prescreen.decision import ESTIMATOR_VERSION, Decision, decide, decide_with_representatives
 from prescreen.errors import NotBounded, Reason
 from prescreen.footprint import ArgFootprint
 from prescreen.plan import KernelPlan
@@ -88,10 +88,9 @@ def test_unsupported_grouping_falls_back() -> None:
     meta = upstream_meta()
     meta["group_features"][0]["buckets"] = []  # type: ignore[index]
     plan = KernelPlan.from_payload(meta)
-    reps = try_representatives(plan)
-    assert isinstance(reps, NotBounded) and reps.reason is Reason.UNSUPPORTED_GROUPING
-    d = decide_with(plan, reps, budget_of(10**9))
-    assert (d.action, d.bounded) == ("fallback", False)
+    d, reps = decide_with_representatives(plan, budget_of(10**9))
+    assert reps is None and (d.action, d.bounded) == ("fallback", False)
+    assert Reason.UNSUPPORTED_GROUPING.value in d.reason
     assert d == decide(plan, budget_of(10**9))
 
 

@@ -20,7 +20,7 @@ from prescreen.errors import Reason
 from prescreen.expr import Const
 from prescreen.hooks import oom
 from prescreen.plan import KernelPlan, TensorArg
-from prescreen.service import COUNTERS, lookup_or_decide, observation, record_observed_oom
+from prescreen.service import COUNTERS, lookup_or_decide, record_observed_oom
 from prescreen.store import DiskStore
 from prescreen.store.entry import Entry
 
@@ -81,10 +81,10 @@ def test_observed_oom_replaces_a_computed_tune_and_is_reused(tmp_path: Path) -> 
     assert rec.key == first.key
     again = lookup_or_decide(plan, BUDGET, store)
     assert again.hit and again.decision.action == "fallback" and is_observed_oom(again.decision)
-    obs = observation(again.decision)
+    obs = dict(t.split("=", 1) for t in again.decision.reason.split(" error=")[0].split(": ", 1)[1].split())
     assert obs["requested_bytes"] == str(2 * 2**30) and obs["free_bytes"] == "123"
     assert obs["estimated_bytes"] == str(first.decision.estimated_bytes)
-    assert obs["host"] and obs["at"].endswith("Z")
+    assert obs["host"] and obs["at"].endswith("Z") and again.decision.reason.endswith("error=OOM here")
     assert again.decision.reason.startswith(Reason.OBSERVED_OOM.value)
 
 
