@@ -5,13 +5,9 @@ The payload form is the one torch_npu's Inductor writes into ``inductor_meta``:
 ``{"mul": [a, b, ...]}``, ``{"add": [a, b, ...]}``, ``{"floordiv": [a, b]}``.
 A bare int is accepted as a constant.
 
-What is accepted is a subset of what torch-npu 2.14.0's
-``evaluate_grouped_benchmark_expr`` accepts, read to the same value (checked
-against the wheel over every payload form): a bare ``sympy.Integer`` (``S.One``,
-``S.Zero``) is not an int there, so it is "unsupported grouped benchmark
-expression" here too, while ``{"const": sympy.Integer(8)}`` is 8 in both. Forms
-torch_npu accepts and prescreen does not (a bool, a dict with several keys, an
-empty ``mul``) fail closed here; the torch_npu hook then lets torch_npu decide.
+What is accepted is a subset of what torch-npu 2.14.0's ``evaluate_grouped_benchmark_expr`` accepts, read
+to the same value (a bare ``sympy.Integer`` is unsupported in both; checked against the wheel). The forms
+only torch_npu accepts (a bool, a dict with several keys, an empty ``mul``) fail closed here.
 """
 
 from __future__ import annotations
@@ -63,7 +59,7 @@ Expr = Union[Const, Axis, RuntimeArg, Mul, Add, FloorDiv]
 _NARY: dict[str, type[Mul] | type[Add]] = {"mul": Mul, "add": Add}
 
 
-def _sympy_int(value: object) -> int | None:
+def sympy_int(value: object) -> int | None:
     """The value of a sympy Integer, else None; never imports sympy (if it is not loaded, nothing is one)."""
     loaded = sys.modules.get("sympy")
     if loaded is not None and isinstance(value, loaded.Integer):
@@ -72,7 +68,7 @@ def _sympy_int(value: object) -> int | None:
 
 
 def _int(value: object, what: str) -> int:
-    as_int = _sympy_int(value)
+    as_int = sympy_int(value)
     if as_int is not None:
         return as_int
     if isinstance(value, bool) or not isinstance(value, int):
@@ -169,12 +165,10 @@ def expr_from_sympy(
     axis_names: Mapping[sympy.Symbol | str, str] | None = None,
     runtime_args: Mapping[sympy.Symbol | str, int] | None = None,
 ) -> Expr:
-    """Convert a sympy expression over named axes into an expression tree.
+    """Convert a sympy expression over named axes into an expression tree; ``Mod``, ``Max``, rationals... raise.
 
-    ``axis_names`` maps a symbol (or its name) to the axis it stands for; by
-    default each symbol is an axis of its own name. ``runtime_args`` maps
-    symbols bound only at run time to their argument index. Anything else
-    (``Mod``, ``Max``, a non-integer power, rationals) raises ``NotBounded``.
+    ``axis_names`` maps a symbol (or its name) to its axis (default: an axis of its own name);
+    ``runtime_args`` maps symbols bound only at run time to their argument index.
     """
     import sympy
 

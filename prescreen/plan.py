@@ -11,12 +11,13 @@ import dataclasses
 import hashlib
 import json
 import sys
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Literal, Union, get_args
+from collections.abc import Callable, Mapping, Sequence
+from typing import Literal, TypeVar, Union, get_args
 
 from prescreen.errors import NotBounded, Reason
-from prescreen.expr import Expr, expr_from_payload, expr_to_payload
+from prescreen.expr import Expr, expr_from_payload, expr_to_payload, sympy_int
 
+T = TypeVar("T")
 FeatureSource = Literal["primary_axis", "outer_product", "reduction_product", "axis"]
 FEATURE_SOURCES: tuple[str, ...] = get_args(FeatureSource)
 
@@ -57,16 +58,23 @@ def _str(value: object, field: str) -> str:
 
 
 def _int(value: object, field: str) -> int:
+    as_int = sympy_int(value)
+    if as_int is not None:
+        return as_int
     if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            import sympy
-
-            if isinstance(value, sympy.Integer):
-                return int(value)
-        except ImportError:  # pragma: no cover - sympy is a dependency
-            pass
         raise _bad(f"{field} must be an int, got {value!r}")
     return int(value)
+
+
+def _pairs(value: object, field: str, second: Callable[[object, str], T]) -> tuple[tuple[str, T], ...]:
+    """``[[name, second], ...]`` as a tuple of pairs."""
+    out = []
+    for i, item in enumerate(_seq(value, field)):
+        pair = _seq(item, f"{field}[{i}]")
+        if len(pair) != 2:
+            raise _bad(f"{field}[{i}] must be a pair, got {item!r}")
+        out.append((_str(pair[0], f"{field}[{i}][0]"), second(pair[1], f"{field}[{i}][1]")))
+    return tuple(out)
 
 
 def _map(value: object, field: str) -> Mapping[str, object]:
@@ -183,10 +191,7 @@ ArgSpec = Union[TensorArg, WorkspaceArg, SizeArg]
 
 
 def _dtype_name(value: object, field: str) -> str:
-    """``torch.float16`` objects and strings both become ``"torch.float16"``.
-
-    As torch_npu reads a dtype: a string, or a ``torch.dtype`` (not anything that prints like one).
-    """
+    """A string, or a ``torch.dtype`` as its string (as torch_npu reads a dtype; not anything that prints like one)."""
     if isinstance(value, str):
         return value
     torch = sys.modules.get("torch")  # not imported here: if torch is not loaded, nothing is a torch.dtype
@@ -241,17 +246,15 @@ class KernelPlan:
     @property
     def is_dynamic(self) -> bool:
         """True when some axis has no static length (a dynamic-shape kernel)."""
-        return bool(self.axis_names) and has_dynamic_axis(self.axis_names, self.axis_static_values)
+        static = {name for name, _ in self.axis_static_values}
+        return any(name not in static for name in self.axis_names)
 
     @staticmethod
     def from_payload(payload: Mapping[str, object], *, unknown_keys: Literal["reject", "ignore"] = "reject") -> "KernelPlan":
         """Validate and convert an ``inductor_meta``-shaped dict.
 
-        Every key of ``PLAN_KEYS`` must be present (torch_npu always writes them;
-        a missing one would otherwise read as an empty plan that tunes). Other
-        keys are rejected by name unless torch_npu writes them beside the plan
-        (``NPU_META_KEYS``); ``unknown_keys="ignore"`` accepts any (the hook
-        sees a whole ``inductor_meta``).
+        Every ``PLAN_KEYS`` key must be there (a missing one would read as an empty plan that tunes). Other
+        keys are rejected unless torch_npu writes them (``NPU_META_KEYS``) or ``unknown_keys="ignore"``.
         """
         m = _map(payload, "plan")
         missing = [k for k in PLAN_KEYS if k not in m]
@@ -267,30 +270,23 @@ class KernelPlan:
             for i, f in enumerate(_seq(m["group_features"], "group_features"))
         )
         axis_names = tuple(_str(a, "axis_names[]") for a in _seq(m["axis_names"], "axis_names"))
-        statics: list[tuple[str, int]] = []
         raw_statics = m["axis_static_values"]
         if isinstance(raw_statics, Mapping):  # torch_npu writes pairs; it would iterate a mapping's keys
             raise _bad(f"axis_static_values must be a list of [name, value] pairs, got a mapping {dict(raw_statics)!r}")
-        for i, item in enumerate(_seq(raw_statics, "axis_static_values")):
-            pair = _seq(item, f"axis_static_values[{i}]")
-            if len(pair) != 2:
-                raise _bad(f"axis_static_values[{i}] must be a (name, value) pair, got {item!r}")
-            statics.append((_str(pair[0], f"axis_static_values[{i}][0]"), _int(pair[1], f"axis_static_values[{i}][1]")))
         args = tuple(
             arg_from_payload(a, f"ordered_arg_specs[{i}]")
             for i, a in enumerate(_seq(m["ordered_arg_specs"], "ordered_arg_specs"))
         )
         mutated = tuple(_str(n, "mutated_arg_names[]") for n in _seq(m["mutated_arg_names"], "mutated_arg_names"))
         name = m.get("kernel_name", "")
-        labels = _axis_labels(m.get("axis_labels", ()))
         return KernelPlan(
             group_features=features,
             axis_names=axis_names,
-            axis_static_values=tuple(statics),
+            axis_static_values=_pairs(raw_statics, "axis_static_values", _int),
             args=args,
             mutated_arg_names=mutated,
             kernel_name=str(name) if name is not None else "",
-            axis_labels=labels,
+            axis_labels=_pairs(m.get("axis_labels", ()), "axis_labels", _str),
         )
 
     def to_payload(self) -> dict[str, object]:
@@ -327,22 +323,6 @@ class KernelPlan:
     @property
     def display_name(self) -> str:
         return self.kernel_name if self.kernel_name not in _NAME_PLACEHOLDERS else "<unnamed>"
-
-
-def _axis_labels(value: object) -> tuple[tuple[str, str], ...]:
-    out = []
-    for i, item in enumerate(_seq(value, "axis_labels")):
-        pair = _seq(item, f"axis_labels[{i}]")
-        if len(pair) != 2:
-            raise _bad(f"axis_labels[{i}] must be an (axis, label) pair, got {item!r}")
-        out.append((_str(pair[0], f"axis_labels[{i}][0]"), _str(pair[1], f"axis_labels[{i}][1]")))
-    return tuple(out)
-
-
-def has_dynamic_axis(axis_names: Iterable[str], axis_static_values: Iterable[Sequence[object]]) -> bool:
-    """True when some axis has no static value; works on parsed plans and raw payloads alike."""
-    static = {pair[0] for pair in axis_static_values}
-    return any(name not in static for name in axis_names)
 
 
 def canonical_json(value: object) -> str:
