@@ -22,12 +22,18 @@ BASES = ("total", "free")
 FREE_STEP = 2**30
 
 
+def _env(name: str) -> str | None:
+    """``$name`` stripped, or None where it is unset or blank (blank means "not set")."""
+    return os.environ.get(name, "").strip() or None
+
+
 def budget_basis() -> str:
     """``total`` (default, as upstream) or ``free`` (the device's free memory at compile time)."""
-    raw = os.environ.get(BASIS_ENV, "").strip().lower() or "total"
+    raw = (_env(BASIS_ENV) or "total").lower()
     if raw not in BASES:
         raise ConfigError(f"{BASIS_ENV}={raw!r} is not one of {', '.join(BASES)}")
     return raw
+
 
 _UNITS = {
     "": 1, "b": 1,
@@ -45,8 +51,7 @@ _SIZES = "expected e.g. 64GiB, 64Gi, 80GB, 512MiB, or bytes: 68719476736 or 1e9"
 def parse_memory(text: str | int) -> int:
     """Bytes from ``"64GiB"`` (or ``"64Gi"``), ``"80GB"``, ``"512MiB"``, ``"1e9"`` or a plain integer.
 
-    A string's error message starts with the string itself (``'0.1' is less than one byte``), so a
-    caller puts where it came from in front: ``--device-memory '0.1' is less than one byte``.
+    A string's error starts with the string, so a caller prefixes where it came from (``--device-memory``).
     """
     if isinstance(text, int) and not isinstance(text, bool):
         if text <= 0:
@@ -77,11 +82,11 @@ def format_bytes(n: int | None) -> str:
     if n is None:
         return "-"
     value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
             return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
-    return f"{n} B"  # pragma: no cover
+    return f"{value:.1f} TiB"
 
 
 def parse_ratio(text: str | float, source: str = "ratio") -> float:
@@ -100,38 +105,30 @@ def resolve_ratio(explicit: float | str | None = None) -> float:
     own = ratio_override(explicit)
     if own is not None:
         return own
-    raw = os.environ.get(NPU_RATIO_ENV)
-    if raw is not None and raw.strip() != "":
-        return parse_ratio(raw, NPU_RATIO_ENV)
-    return DEFAULT_RATIO
+    raw = _env(NPU_RATIO_ENV)
+    return DEFAULT_RATIO if raw is None else parse_ratio(raw, NPU_RATIO_ENV)
 
 
 def ratio_override(explicit: float | str | None = None) -> float | None:
     """prescreen's own ratio (explicit, else ``$PRESCREEN_MAX_BENCHMARK_MEMORY_RATIO``), or None.
 
-    Unlike :func:`resolve_ratio` this ignores torch_npu's variable: where
-    torch_npu is loaded its config object is the authority, and prescreen's
-    value may only lower the ratio it holds.
+    torch_npu's variable is ignored: where torch_npu is loaded its config object is the authority.
     """
     if explicit is not None:
         return parse_ratio(explicit, "--ratio")
-    raw = os.environ.get(RATIO_ENV)
-    if raw is not None and raw.strip() != "":
-        return parse_ratio(raw, RATIO_ENV)
-    return None
+    raw = _env(RATIO_ENV)
+    return None if raw is None else parse_ratio(raw, RATIO_ENV)
 
 
 def memory_override(explicit: str | int | None = None) -> int | None:
     """prescreen's own device memory (explicit, else ``$PRESCREEN_DEVICE_MEMORY``), or None."""
     if explicit is not None:
         return parse_memory(explicit)
-    env = os.environ.get(MEMORY_ENV)
-    if env:
-        try:
-            return parse_memory(env)
-        except ConfigError as exc:
-            raise ConfigError(f"{MEMORY_ENV} {exc}") from None
-    return None
+    raw = _env(MEMORY_ENV)
+    try:
+        return None if raw is None else parse_memory(raw)
+    except ConfigError as exc:
+        raise ConfigError(f"{MEMORY_ENV} {exc}") from None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -141,13 +138,6 @@ class DeviceMemory:
     kind: str
     total_bytes: int
     source: str  # "device", "override" or "env"
-
-
-def _device_kind(device: object) -> str:
-    if device is None:
-        return "cpu"
-    kind = getattr(device, "type", None)
-    return str(kind if kind is not None else str(device).split(":")[0])
 
 
 #: (the backend's ``get_device_properties``, device index) -> that device's total memory, which never changes
@@ -173,13 +163,9 @@ def _device_total(backend: Any, device: object) -> int:
 
 
 def device_memory(device: object = None, override: str | int | None = None) -> DeviceMemory:
-    """Total memory of ``device`` (torch.cuda / torch.npu), or an explicit override.
-
-    The override (argument, else ``$PRESCREEN_DEVICE_MEMORY``) lets a CPU-only
-    build box plan for other hardware; for a CPU device without one, the host's
-    physical memory is used.
-    """
-    kind = _device_kind(device)
+    """Total memory of ``device`` (torch.cuda / torch.npu), or the override (argument, else
+    ``$PRESCREEN_DEVICE_MEMORY``) a CPU-only build box plans other hardware with; a CPU's is the host's."""
+    kind = str(getattr(device, "type", None) or ("cpu" if device is None else str(device).split(":")[0]))
     if override is not None:
         return DeviceMemory(kind, parse_memory(override), "override")
     from_env = memory_override()
@@ -214,12 +200,9 @@ def device_memory(device: object = None, override: str | int | None = None) -> D
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Budget:
-    """The bytes a benchmark may synthesize: ``int(total * ratio)``, inclusive.
+    """The bytes a benchmark may synthesize: ``int(total * ratio)``, inclusive, as torch_npu's guard computes it.
 
-    Computed as torch_npu's guard computes it: an int ratio (1, set in code on
-    torch_npu's config) multiplies the total exactly; a float one takes the float
-    product, rounded as there. So ``ratio`` keeps the type it was given: 1 and
-    1.0 give different budgets for totals above 2**53 bytes, and different keys.
+    ``ratio`` keeps its type: an int ratio multiplies exactly, so 1 and 1.0 differ above 2**53 bytes (and key).
     """
 
     device_kind: str
