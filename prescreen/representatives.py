@@ -12,12 +12,11 @@ only reaches the one bucket holding it; the other groups are unreachable.
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Iterator, Mapping, Sequence
-from typing import overload
+import itertools
+from collections.abc import Mapping
 
 from prescreen.errors import NotBounded, Reason
-from prescreen.plan import GroupFeature, KernelPlan, canonical_json
+from prescreen.plan import GroupFeature, KernelPlan
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -40,44 +39,23 @@ class FeatureChoices:
     axis_values: tuple[tuple[tuple[str, int], ...], ...]
 
 
-class GroupGrid(Sequence[Group]):
+@dataclasses.dataclass(frozen=True, slots=True)
+class GroupGrid:
     """The reachable groups of a plan as the product of each feature's reachable buckets.
 
-    A group is reachable exactly when each of its features' buckets is, so the
-    reachable groups are a grid: group ``i`` in ascending-id order picks choice
-    ``c_f`` of feature ``f`` where ``i`` is the mixed-radix number of the
-    ``c_f`` (feature 0 varying fastest), i.e. numpy's C order over
-    ``shape = (k_{F-1}, ..., k_0)``. It behaves as the tuple of those groups
-    (indexing, iteration, equality, hashing) but builds ``Group`` objects only
-    when they are asked for; the footprint estimator reads the grid itself.
+    A group is reachable exactly when each of its features' buckets is, so group ``i`` in ascending-id
+    order is the mixed-radix number of its features' choices (feature 0 varying fastest): numpy's C order
+    over ``shape``. The numpy estimator evaluates expressions over this grid.
     """
 
-    __slots__ = ("features", "axis_names", "base_values", "shape", "_len", "_groups", "_ids")
+    features: tuple[FeatureChoices, ...]
+    axis_names: tuple[str, ...]
+    base_values: Mapping[str, int]
 
-    def __init__(
-        self, features: tuple[FeatureChoices, ...], axis_names: tuple[str, ...], base_values: Mapping[str, int]
-    ) -> None:
-        #: Each feature's reachable buckets (ascending) and what each one sets.
-        self.features = features
-        self.axis_names = axis_names
-        self.base_values = base_values if isinstance(base_values, dict) else dict(base_values)
-        #: numpy shape of the grid: the last feature first (its choice varies slowest).
-        self.shape = tuple(len(f.bucket_indices) for f in reversed(features))
-        self._len = math.prod(self.shape)
-        self._groups: tuple[Group, ...] | None = None
-        self._ids: tuple[int, ...] | None = None
-
-    def __len__(self) -> int:
-        return self._len
-
-    def choices_at(self, index: int) -> tuple[int, ...]:
-        """The choice of each feature (feature order) of the ``index``-th reachable group."""
-        out = []
-        for feature in self.features:
-            k = len(feature.bucket_indices)
-            out.append(index % k)
-            index //= k
-        return tuple(out)
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """numpy shape of the grid: the last feature first (its choice varies slowest)."""
+        return tuple(len(f.bucket_indices) for f in reversed(self.features))
 
     def axis_value_table(self) -> dict[str, tuple[int | None, tuple[int, ...]]]:
         """Per axis of the plan: the feature that sets it (or None) and its value per choice (or its one value)."""
@@ -92,107 +70,36 @@ class GroupGrid(Sequence[Group]):
                     table[name] = (f, tuple(int(dict(c).get(name, base)) for c in feature.axis_values))
         return table
 
-    def group_at(self, index: int) -> Group:
-        """The ``index``-th reachable group, built on its own."""
-        if self._groups is not None:
-            return self._groups[index]
-        choices = self.choices_at(index)
-        group_id, indices, values = 0, [], []
-        axes: dict[str, int] = {}
-        radix = 1
-        for feature, c in zip(self.features, choices):
-            indices.append(feature.bucket_indices[c])
-            values.append(feature.feature_values[c])
-            axes.update(feature.axis_values[c])
-            group_id += feature.bucket_indices[c] * radix
-            radix *= feature.radix
-        axis_values = tuple((a, int(axes.get(a, self.base_values[a]))) for a in self.axis_names)
-        return Group(group_id, tuple(indices), tuple(values), axis_values)
-
-    def group_ids(self) -> tuple[int, ...]:
-        """Ids of the reachable groups, ascending."""
-        if self._ids is None:
-            if all(len(f.bucket_indices) == f.radix for f in self.features):
-                self._ids = tuple(range(self._len))  # every group reachable (most plans): ids 0..count-1
-                return self._ids
-            ids = [0]
-            radix = 1
-            for feature in self.features:
-                ids = [i + b * radix for b in feature.bucket_indices for i in ids]
+    def groups(self) -> tuple[Group, ...]:
+        """Every reachable group, ascending by id."""
+        out = []
+        for reversed_choices in itertools.product(*(range(k) for k in self.shape)):
+            group_id, radix, indices, values = 0, 1, [], []
+            axes: dict[str, int] = {}
+            for feature, c in zip(self.features, reversed(reversed_choices)):
+                indices.append(feature.bucket_indices[c])
+                values.append(feature.feature_values[c])
+                axes.update(feature.axis_values[c])
+                group_id += feature.bucket_indices[c] * radix
                 radix *= feature.radix
-            self._ids = tuple(ids)
-        return self._ids
-
-    def _all(self) -> tuple[Group, ...]:
-        if self._groups is None:
-            self._groups = tuple(self.group_at(i) for i in range(len(self)))
-        return self._groups
-
-    @overload
-    def __getitem__(self, index: int) -> Group: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> tuple[Group, ...]: ...
-
-    def __getitem__(self, index: int | slice) -> Group | tuple[Group, ...]:
-        if isinstance(index, slice):
-            return self._all()[index]
-        n = len(self)
-        if not -n <= index < n:
-            raise IndexError("group index out of range")
-        return self.group_at(index % n)
-
-    def __iter__(self) -> Iterator[Group]:
-        return iter(self._all())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, (GroupGrid, tuple)):
-            return self._all() == tuple(other)
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self._all())
-
-    def __repr__(self) -> str:
-        return repr(self._all())
+            axis_values = tuple((a, int(axes.get(a, self.base_values[a]))) for a in self.axis_names)
+            out.append(Group(group_id, tuple(indices), tuple(values), axis_values))
+        return tuple(out)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Representatives:
-    """All groups of a plan: the reachable ones with representatives, the rest by id.
-
-    ``groups`` is a ``GroupGrid`` when built by ``build_representatives`` (it
-    acts as a tuple of ``Group``), or any sequence of ``Group``.
-    """
+    """All groups of a plan: the reachable ones with representatives, the rest by id."""
 
     group_count: int
-    groups: Sequence[Group]
+    groups: tuple[Group, ...]
     unreachable_group_ids: tuple[int, ...]
+    #: The groups as a grid (``build_representatives`` sets it), for the numpy estimator.
+    grid: GroupGrid | None = dataclasses.field(default=None, compare=False)
 
     @property
     def reachable_group_ids(self) -> tuple[int, ...]:
-        if isinstance(self.groups, GroupGrid):
-            return self.groups.group_ids()
         return tuple(g.group_id for g in self.groups)
-
-    def to_payload(self) -> dict[str, object]:
-        return {
-            "group_count": self.group_count,
-            "groups": [
-                {
-                    "group_id": g.group_id,
-                    "bucket_indices": list(g.bucket_indices),
-                    "feature_values": list(g.feature_values),
-                    "axis_values": [[n, v] for n, v in g.axis_values],
-                }
-                for g in self.groups
-            ],
-            "unreachable_group_ids": list(self.unreachable_group_ids),
-        }
-
-    def family_json(self) -> str:
-        """Canonical text of the shape family, part of the store key."""
-        return canonical_json(self.to_payload())
 
 
 def bucketize(value: int, buckets: tuple[int, ...]) -> int:
@@ -277,13 +184,9 @@ def _feature_representative(
 def build_representatives(plan: KernelPlan) -> Representatives:
     """Enumerate every group of ``plan`` and pick each reachable one's representative.
 
-    Each feature's representative depends only on its own bucket, so it is
-    computed once per bucket and the reachable groups are the product of the
-    features' reachable buckets (a ``GroupGrid``). The error raised is the one
-    a plain loop over groups in id order (features in order) meets first: a
-    feature that cannot be represented fails in every bucket alike, and every
-    feature reaches some bucket (together they cover every positive size), so
-    that loop first meets the first such feature.
+    A feature's representative depends only on its own bucket, so it is computed once per bucket. The error
+    raised is the one a per-group loop meets first: a feature that cannot be represented fails in every
+    bucket alike, and every feature reaches some bucket, so that loop first meets the first such feature.
     """
     features = plan.group_features
     seen: set[str] = set()
@@ -311,8 +214,7 @@ def build_representatives(plan: KernelPlan) -> Representatives:
             raise NotBounded(Reason.UNSUPPORTED_GROUPING, "grouped plan has no reachable groups")
         choices.append(FeatureChoices(radix, tuple(indices), tuple(values), tuple(axes)))
     grid = GroupGrid(tuple(choices), plan.axis_names, {a: int(statics.get(a, 1)) for a in plan.axis_names})
-    unreachable: tuple[int, ...] = ()
-    if len(grid) != count:
-        reachable = set(grid.group_ids())
-        unreachable = tuple(i for i in range(count) if i not in reachable)
-    return Representatives(count, grid, unreachable)
+    groups = grid.groups()
+    reachable = {g.group_id for g in groups}
+    unreachable = tuple(i for i in range(count) if i not in reachable) if len(groups) != count else ()
+    return Representatives(count, groups, unreachable, grid)

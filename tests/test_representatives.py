@@ -181,18 +181,6 @@ def test_unsupported_grouping_fails_closed(
     assert info.value.reason is Reason.UNSUPPORTED_GROUPING
 
 
-def test_payload_and_family_json() -> None:
-    p = plan([feature("f", "outer_product", ("x1",), (8, 32))], ("x0", "x1"), (("x1", 20),))
-    reps = build_representatives(p)
-    assert reps.to_payload() == {
-        "group_count": 3,
-        "groups": [{"group_id": 1, "bucket_indices": [1], "feature_values": [20], "axis_values": [["x0", 1], ["x1", 20]]}],
-        "unreachable_group_ids": [0, 2],
-    }
-    assert reps.family_json() == build_representatives(p).family_json()
-    assert reps.family_json().startswith('{"group_count":3,')
-
-
 def per_group(p: KernelPlan) -> object:
     """The plain loop: every group in id order, each feature's representative in feature order."""
     statics = dict(p.axis_static_values)
