@@ -52,6 +52,7 @@ HOSTILE: dict[str, Callable[[str], str]] = {
     },
     "nested-100000": lambda text: "[" * 100_000 + "]" * 100_000,
     "nested-in-family": lambda text: text.replace('"family":{', '"family":{"x":' + "[" * 5000 + "]" * 5000 + ",", 1),
+    "nan-in-family": lambda text: text.replace('"family":{', '"family":{"x":[NaN],', 1),
     "over-the-cap": lambda text: text.replace("}\n", ',"pad":"' + "x" * (MAX_ENTRY_BYTES + 1) + '"}\n', 1),
     "versions-not-strings": lambda text: _set(["parts", "versions"], '{"torch":[1,2]}')(text),
     "top-level-array": lambda text: "[1,2,3]",

@@ -1,48 +1,18 @@
 """Trust: where the cache directory is, who may write it, which paths a row may name, and signed entries.
 
-Location: ``default_cache_dir`` and ``fixed_location`` (an absolute path, fixed when the store opens, that a
-file system can take); ``resolve_size_limit``.
+The store's files decide what a compile does, so, as OpenSSH does for ``~/.ssh``: the cache directory and its
+missing parents are made 0700; a directory (or one above it) owned by another user than you or root, or that
+group or others can write, is refused (a root-owned sticky directory such as ``/tmp`` is fine), and so is a
+symlink on the way owned by another user (its owner could re-point it); files are made 0600; a row may name
+only a ``.val`` file diskcache itself generates; a file prescreen reads must be a regular file (a FIFO planted
+in its place is refused at once, never waited on).
 
-Directories and files. The store's files decide what a compile does, so a
-directory another user can write is a way to plant a decision (a ``tune``
-where the truth is an OOM) or, through diskcache's ``filename`` column, to
-make prescreen delete files outside the cache. As OpenSSH does for ``~/.ssh``:
-
-- ``private_directory`` creates the cache directory and every missing parent
-  with mode 0700 (whatever the umask), then ``check_directory`` refuses a
-  directory, or any directory above it, that is owned by another user than
-  the current one or root, or that group or others can write (a root-owned
-  sticky directory such as ``/tmp`` is fine: nobody can rename what is in it).
-  A symlink counts as the directory it points to, and every symlink met on
-  the way from ``/`` down (a component of the path, or of a link's target)
-  must itself be owned by the current user or root, as OpenSSH's StrictModes
-  requires: whoever owns a link can re-point it at their own database.
-- ``create_private_file`` makes a file 0600 (``cache.db`` is created this way
-  before SQLite opens it, and SQLite gives its ``-wal``/``-shm`` files the
-  database's mode); ``TextDisk`` makes its ``.val`` files 0600 too.
-- ``value_file`` accepts only the names diskcache itself generates
-  (``ab/cd/<28 hex>.val``), so no row can make prescreen read, write or
-  delete a path outside the directory.
-- ``open_regular`` opens a file prescreen reads (a ``.val`` file, the signing
-  key file) with ``O_NOFOLLOW | O_NONBLOCK`` and checks that it is a regular
-  file before reading: a FIFO planted in its place is refused at once instead
-  of blocking the compile, a directory or device is refused too.
-
-Signatures. Without a secret, whoever can write the cache directory, the
-Redis database or a bundle decides what prescreen does. With
-``PRESCREEN_SIGNING_KEY`` (the secret) or ``PRESCREEN_SIGNING_KEY_FILE`` (a
-file holding it, readable by its owner only; either way stripped of the
-whitespace around it, ``normalize_key``), every entry written carries
-``"signature": "hmac-sha256:<hex>"`` over its stored text (``canonical``, with
-``hits`` as 0) as the head line's last field, so a read checks it on the text
-as stored, before parsing it; a bundle entry is re-serialized first. A
-signature guards *loosening* (``entry.read_stored``): read back from disk,
-Redis, a ``tune`` that is unsigned or does not verify is a miss (one
-warning), while a stricter entry (a fallback, an observed OOM) is served
-whatever its signature (``import`` refuses every unsigned entry), so a fact is never masked
-during a key rollout (none -> key) or rotation (A -> B), nor overwritten: a
-store keeps the strictest valid entry under a key (``entry.outranks``). A
-prescreen without a secret reads signed entries as before.
+Signatures. With ``PRESCREEN_SIGNING_KEY`` (or ``_FILE``, readable by its owner only; the secret stripped of
+the whitespace around it) every entry written carries ``"signature": "hmac-sha256:<hex>"`` over its stored
+text with ``hits`` 0, as the head line's last field, checked on the text before it is parsed. A signature is
+what it takes to *loosen*: a ``tune`` that is unsigned or does not verify is a miss, a stricter entry is served
+whatever its signature (``entry.read_stored``), so a fact survives a key rollout or rotation; ``import``
+refuses every unsigned entry. A prescreen without a secret reads signed entries as before.
 """
 
 from __future__ import annotations
@@ -79,12 +49,9 @@ def default_cache_dir() -> Path:
     explicit = os.environ.get(CACHE_DIR_ENV)
     if explicit:
         return Path(explicit).expanduser()
-    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if inductor:
-        return Path(inductor).expanduser() / "prescreen"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        return Path(xdg).expanduser() / "prescreen"
+    for parent in (os.environ.get("TORCHINDUCTOR_CACHE_DIR"), os.environ.get("XDG_CACHE_HOME")):
+        if parent:
+            return Path(parent).expanduser() / "prescreen"
     try:
         return Path.home() / ".cache" / "prescreen"
     except (RuntimeError, KeyError):  # no HOME and no passwd entry
@@ -92,9 +59,8 @@ def default_cache_dir() -> Path:
 
 
 def fixed_location(directory: Path) -> Path:
-    """``directory`` made absolute, once, when the store opens: a later ``os.chdir`` moves nothing (every
-    write, every thread's connection, every check goes to the same files). A ``ConfigError`` names a path
-    no file system takes: a NUL byte, a component over ``NAME_MAX`` bytes, ``PATH_MAX`` bytes in all."""
+    """``directory`` made absolute once, when the store opens (a later ``os.chdir`` moves nothing); a
+    ``ConfigError`` for a path no file system takes (a NUL byte, over ``NAME_MAX`` or ``PATH_MAX`` bytes)."""
     text = os.fspath(directory)
     if "\0" in text:
         raise ConfigError(f"cache directory {text!r} holds a NUL byte")
@@ -161,7 +127,7 @@ def private_directory(directory: Path) -> None:
 
 
 def check_directory(directory: Path) -> None:
-    """Raise ``InsecureDirectory`` unless ``directory`` and every directory above it are safe (see module doc)."""
+    """Raise ``InsecureDirectory`` unless ``directory`` and every directory above it are safe (module doc)."""
     try:
         real = _resolve_checking_links(directory)
     except OSError as exc:
@@ -182,9 +148,8 @@ def check_directory(directory: Path) -> None:
 
 
 def _resolve_checking_links(directory: Path) -> Path:
-    """``directory`` resolved one component at a time from ``/``, as the kernel does; raises
-    ``InsecureDirectory`` at a symlink, on the path or in a link's target, owned by another user than you or
-    root (``OSError`` where a component cannot be read)."""
+    """``directory`` resolved one component at a time from ``/``, as the kernel does; ``InsecureDirectory`` at a
+    symlink (on the path or in a link's target) owned by another user than you or root."""
     todo = list(reversed(os.path.join(os.getcwd(), directory).split("/")))
     current, links = "/", 0
     while todo:
@@ -248,9 +213,8 @@ class NotRegularFile(OSError):
 
 
 def open_regular(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
-    """A read-only descriptor of ``path`` and its ``fstat``, opened without following a symlink (``ELOOP``) or
-    waiting for a FIFO's writer (``O_NONBLOCK``); raises ``NotRegularFile`` unless it is a regular file, else
-    ``OSError`` as ``os.open``. The caller closes the descriptor."""
+    """A read-only descriptor of ``path`` (the caller closes it) and its ``fstat``, opened without following a
+    symlink or waiting for a FIFO's writer; ``NotRegularFile`` unless it is a regular file."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
@@ -298,14 +262,6 @@ class Signer:
         body["hits"] = 0
         return self._mac(canonical(body))
 
-    def verify(self, payload: Mapping[str, object]) -> None:
-        """Raise ``BadSignature`` unless ``payload`` (a parsed entry, e.g. from a bundle) carries our signature."""
-        found = payload.get(SIGNATURE_FIELD)
-        if found is None:
-            raise BadSignature("entry is unsigned and a signing key is configured")
-        if not isinstance(found, str) or not hmac.compare_digest(found, self.sign(payload)):
-            raise BadSignature("entry's signature does not verify with the configured signing key")
-
     def verify_text(self, text: str) -> None:
         """Raise ``BadSignature`` unless stored ``text`` is canonical with our signature as its last field."""
         head, newline, rest = text.partition("\n")  # rest: the details, record and plan lines
@@ -325,20 +281,10 @@ HEAD_FIELDS = frozenset({DECISION_FIELD, "dynamic", "key", "schema_version"})
 
 
 def canonical(payload: Mapping[str, object]) -> str:
-    """The one text of an entry payload that is signed and stored (``Entry.to_json`` writes it).
-
-    Four lines, each JSON with sorted keys and no spaces:
-
-    1. the head: ``HEAD_FIELDS`` (and the signature), the decision without its ``DETAIL_FIELDS``;
-    2. the decision's details (per-group bytes, dominant argument);
-    3. the record: every other field but the plan (key parts, family, kernel, provenance, hits);
-    4. the plan's own canonical JSON text (``payload["plan"]``, a string).
-
-    A lookup parses the first line only. No line holds a raw newline (JSON
-    escapes them). A payload whose plan is not a string (a hostile bundle) gets
-    that value's JSON as its last line: it signs and verifies, and is refused as
-    an entry.
-    """
+    """The one text of an entry payload that is signed and stored: four canonical JSON lines, the head
+    (``HEAD_FIELDS`` and the signature, the decision without its ``DETAIL_FIELDS``), the details, the record
+    (every other field but the plan) and the plan's own text (a plan that is not a string, from a hostile
+    bundle, gets its JSON there: it signs, and is refused as an entry)."""
     head: dict[str, object] = {}
     record: dict[str, object] = {}
     for name, value in payload.items():
@@ -356,36 +302,23 @@ def canonical(payload: Mapping[str, object]) -> str:
     return "\n".join((canonical_json(head), canonical_json(details), canonical_json(record), plan_line))
 
 
-def _read_key_file(path: Path) -> bytes:
-    try:
-        fd, st = open_regular(path)  # a FIFO, a directory or a symlink is refused at once, never waited on
-    except NotRegularFile as exc:
-        raise ConfigError(f"{SIGNING_KEY_FILE_ENV}={str(path)!r}: {exc.strerror}") from None
-    except OSError as exc:
-        raise ConfigError(f"{SIGNING_KEY_FILE_ENV}={str(path)!r}: cannot read it ({exc.strerror})") from None
-    with os.fdopen(fd, "rb") as handle:
-        if st.st_mode & 0o077:
-            raise ConfigError(
-                f"{SIGNING_KEY_FILE_ENV}={str(path)!r} has mode {stat.S_IMODE(st.st_mode):04o}; "
-                "a key file must be readable by its owner only (chmod 600)"
-            )
-        return normalize_key(handle.read(4096))
-
-
-def normalize_key(raw: bytes) -> bytes:
-    """The secret as signing uses it: ``raw`` without the ASCII whitespace around it (one rule for the
-    variable and the file)."""
-    return raw.strip()
-
-
 def signer_from_env() -> Signer | None:
-    """The configured signer, or None without a secret; raises ``ConfigError`` for a bad one."""
+    """The configured signer, or None without a secret; raises ``ConfigError`` for a bad one. The secret is
+    stripped of the ASCII whitespace around it, alike from the variable and the file."""
     secret = os.environ.get(SIGNING_KEY_ENV, "")
     path = os.environ.get(SIGNING_KEY_FILE_ENV, "").strip()
     if secret and path:
         raise ConfigError(f"set {SIGNING_KEY_ENV} or {SIGNING_KEY_FILE_ENV}, not both")
-    if path:
-        return Signer(_read_key_file(Path(path).expanduser()))
-    if secret:
-        return Signer(normalize_key(secret.encode()))
-    return None
+    if not path:
+        return Signer(secret.encode().strip()) if secret else None
+    where = f"{SIGNING_KEY_FILE_ENV}={path!r}"
+    try:
+        fd, st = open_regular(Path(path).expanduser())  # a FIFO, a directory or a symlink: refused, never waited on
+    except OSError as exc:
+        why = exc.strerror if isinstance(exc, NotRegularFile) else f"cannot read it ({exc.strerror})"
+        raise ConfigError(f"{where}: {why}") from None
+    with os.fdopen(fd, "rb") as handle:
+        if st.st_mode & 0o077:
+            raise ConfigError(f"{where} has mode {stat.S_IMODE(st.st_mode):04o}; "
+                              "a key file must be readable by its owner only (chmod 600)")
+        return Signer(handle.read(4096).strip())
