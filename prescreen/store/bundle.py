@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -20,11 +19,8 @@ BUNDLE_VERSION = 1
 
 
 def export_bundle(store: Store, path: str | os.PathLike[str], keys: Iterable[str] | None = None) -> int:
-    """Write every valid entry of ``store`` to ``path`` (atomically); returns how many.
-
-    ``keys``: only the entries under these keys (a key the store does not hold is left out), e.g. the
-    decisions one warm saw, for ``prescreen.artifact``.
-    """
+    """Write every valid entry of ``store`` (only those under ``keys``, given them) to ``path`` atomically;
+    returns how many."""
     wanted = None if keys is None else frozenset(keys)
     entries = sorted((e for e in store.entries() if wanted is None or e.key in wanted), key=lambda e: e.key)
     bundle = {
@@ -151,83 +147,47 @@ class _Stream:
                 return
 
 
-def _check_finite(payload: object) -> None:
-    """Raise ``InvalidEntry`` if a bundle entry holds NaN, Infinity or a number too large for a float."""
-    stack = [payload]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, float) and not math.isfinite(item):
-            raise InvalidEntry(f"entry holds the number {item!r}")
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-
-
-def _scan_header(path: str | os.PathLike[str], where: str) -> int:
-    """First pass: check the header (wherever its keys are) and the shape of every entry; returns the count."""
+def check_bundle(path: str | os.PathLike[str]) -> int:
+    """The checks ``import_bundle`` makes before it stores anything, storing nothing: the header (wherever its
+    keys are) and the shape of every entry; a ``ConfigError`` if ``path`` is not a bundle of this format and
+    schema. Returns the number of entries."""
+    where = str(path)
     stream = _Stream(path, where)
     header: dict[str, object] = {}
-    count = -1
+    count = None
     try:
         if stream.peek() != "{":
-            found = stream.peek()
-            kind = {"[": "list", '"': "str", "": "an empty file"}.get(found, "something else")
-            raise ConfigError(f"{where} is not a prescreen bundle: expected a JSON object, found {kind}")
+            kind = {"[": "list", '"': "str", "": "an empty file"}.get(stream.peek(), "something else")
+            raise stream.bad(f"expected a JSON object, found {kind}")
         for name, member in stream.members():
-            if name == "entries":
-                if member.peek() != "[":
-                    raise ConfigError(f"{where}: 'entries' must be a list, found {_kind(member.value(_HEADER_LIMIT, 'entries'))}")
+            if name != "entries":
+                header[name] = member.value(_HEADER_LIMIT, f"header {name!r}")
+            elif member.peek() == "[":
                 count = sum(1 for _ in member.items("entry"))
             else:
-                header[name] = member.value(_HEADER_LIMIT, f"header {name!r}")
+                found = type(member.value(_HEADER_LIMIT, "entries")).__name__
+                raise ConfigError(f"{where}: 'entries' must be a list, found {found}")
     finally:
         stream.close()
-    _check_header({**header, "entries": [] if count >= 0 else None}, where)
+    if header.get("format") != BUNDLE_FORMAT:
+        raise stream.bad(f"format is {header.get('format')!r}, expected {BUNDLE_FORMAT!r}")
+    if header.get("bundle_version") != BUNDLE_VERSION:
+        raise ConfigError(f"{where} has bundle_version {header.get('bundle_version')!r}; "
+                          f"this prescreen reads bundle_version {BUNDLE_VERSION}")
+    if header.get("schema_version") != SCHEMA_VERSION:
+        raise ConfigError(f"{where} holds decisions of schema {header.get('schema_version')!r}; this prescreen uses "
+                          f"schema {SCHEMA_VERSION} (export them again with a matching prescreen, or re-run prescreen warm)")
+    if count is None:
+        raise stream.bad("it has no 'entries' list")
     return count
 
 
-def _kind(value: object) -> str:
-    return type(value).__name__
-
-
-def _check_header(bundle: dict[str, object], where: str) -> None:
-    found = bundle.get("format")
-    if found != BUNDLE_FORMAT:
-        raise ConfigError(f"{where} is not a prescreen bundle: format is {found!r}, expected {BUNDLE_FORMAT!r}")
-    version = bundle.get("bundle_version")
-    if version != BUNDLE_VERSION:
-        raise ConfigError(
-            f"{where} has bundle_version {version!r}; this prescreen reads bundle_version {BUNDLE_VERSION}"
-        )
-    schema = bundle.get("schema_version")
-    if schema != SCHEMA_VERSION:
-        raise ConfigError(
-            f"{where} holds decisions of schema {schema!r}; this prescreen uses schema {SCHEMA_VERSION} "
-            "(export them again with a matching prescreen, or re-run prescreen warm)"
-        )
-    entries = bundle.get("entries")
-    if not isinstance(entries, list):
-        raise ConfigError(f"{where}: 'entries' must be a list, found {type(entries).__name__}")
-
-
-def check_bundle(path: str | os.PathLike[str]) -> int:
-    """The checks ``import_bundle`` makes before it stores anything (the header, and the shape of every entry),
-    storing nothing: a ``ConfigError`` if ``path`` is not a bundle of this format and schema; returns the count."""
-    return _scan_header(path, str(path))
-
-
 def import_bundle(store: Store, path: str | os.PathLike[str]) -> tuple[int, int]:
-    """Validate and store the entries of a bundle, streaming it; returns (imported, skipped).
-
-    Skipped: invalid entries and entries the store already holds (or could not
-    store), reported in one warning line. Memory stays bounded by one entry
-    (``MAX_ENTRY_BYTES``) plus a read chunk whatever the bundle's size. A file
-    that is not a bundle of this format and schema, or holds a value over the
-    cap, is refused whole with a ``ConfigError`` before anything is stored.
-    """
+    """Validate and store the entries of a bundle, streaming it in memory bounded by one entry; returns
+    (imported, skipped: invalid, unsigned, already held or not stored), in one warning line. A file
+    ``check_bundle`` refuses is refused whole before anything is stored."""
     where = str(path)
-    _scan_header(path, where)
+    check_bundle(path)
     imported = present = unsigned = invalid = 0
     first_invalid = ""
     stream = _Stream(path, where)
@@ -238,7 +198,6 @@ def import_bundle(store: Store, path: str | os.PathLike[str]) -> tuple[int, int]
                 continue
             for index, payload in enumerate(member.items("entry")):
                 try:
-                    _check_finite(payload)
                     entry = Entry.from_payload(payload, signer=store.signer)
                 except UnsignedEntry:
                     unsigned += 1
