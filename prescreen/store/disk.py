@@ -1,31 +1,15 @@
 """The embedded store: one diskcache directory, JSON text values, faults degrade to misses.
 
-Layout: the entry under its 64-hex key (its text from ``Entry.to_json``: head, details, record and plan lines;
-inline in ``cache.db`` or, above ``min_file_size``, in a ``.val`` text file),
-and its hit counter, an integer, under ``hits:<key>``, so a hit never rewrites
-the entry. ``put`` is ``Cache.add``: the first writer wins and concurrent
-writers of one key store one value; an invalid value under the key is
-replaced, and so is a valid one by a stricter entry (an observed OOM over a
-computed decision, ``entry.outranks``). Evictions are least-recently-stored once ``size_limit`` is reached.
+The entry lives under its 64-hex key and its hit counter under ``hits:<key>``, so a hit never rewrites the
+entry. ``put`` is ``Cache.add`` (the first writer wins), except that an invalid value is replaced, and so is
+a valid one by a stricter entry (``entry.outranks``). docs/store-and-trust.md describes the layout.
 
-Faults: a put waits through a locked database (SQLite timeout ``timeout``,
-default 0.5 s, retried with backoff for up to ``write_wait`` seconds, default 5),
-so contention between processes loses no write; a write still locked after that,
-or a full disk, pauses writes (other faults: reads too) for ``cooldown`` seconds,
-except an observed-OOM fact's, which is never paused (``put``); a read-only
-directory serves reads through ``textdisk.ReadOnlyCache``; a corrupt ``cache.db`` is
-moved aside and its valid entries salvaged (``recovery``); a directory that
-cannot be opened at all makes a no-op store that retries after ``cooldown``.
-Each kind of fault is warned about once; none raises.
-
-Trust: the directory is created 0700 and ``cache.db`` 0600 whatever the
-umask; a directory (or one above it) owned by another user or writable by
-group or others is refused for the store's lifetime (``trust``): one
-warning, every lookup a miss, ``stats`` unhealthy, so the CLI exits 2. So is
-one reached through a symlink another user owns. The location is fixed when
-the store opens (``fixed_location``: a relative directory is made absolute
-once, so an ``os.chdir`` later changes nothing); a path no file system takes
-is a ``ConfigError``.
+Faults (``textdisk.classify``), each warned about once, none raised: a put retries a locked database for up
+to ``write_wait`` seconds; a write still locked, or a full disk, pauses writes for ``cooldown`` seconds
+(other faults: reads too), except an observed-OOM fact's; a read-only directory serves reads
+(``ReadOnlyCache``); a corrupt ``cache.db`` is recovered (``recovery``); one that cannot be opened makes a
+no-op store until ``cooldown`` has passed. A directory another user owns or can write is refused for the
+store's lifetime (``trust``): every lookup a miss, ``stats`` unhealthy.
 """
 
 from __future__ import annotations
@@ -50,7 +34,6 @@ from prescreen.store.recovery import (
     LOCK_NAME,
     file_id,
     flock_within,
-    needs_salvage,
     open_lock_file,
     recover,
     recovery_lock,
@@ -84,19 +67,12 @@ from prescreen.store.trust import (
 DEFAULT_TIMEOUT = 0.5
 DEFAULT_COOLDOWN = 30.0
 DEFAULT_WRITE_WAIT = 5.0  # how long a put retries through a locked database before it gives up
-#: SQLite memory-maps no part of the database (diskcache maps 64 MiB): right after another connection
-#: committed (another process), reading a row not read before through
-#: the map cost 1.3x to 4.9x a read into SQLite's own page cache with the CPU caches cold, 2x to 4x hot
-#: (``bench/bench_cold_lookup.py``). A per-connection pragma, kept in the cache's Settings table, so every
-#: connection that opens the directory uses it.
+#: No memory map (diskcache maps 64 MiB): a first read after another process's commit costs 1.3x to 4.9x more
+#: through it (``bench/bench_cold_lookup.py``). Kept in the Settings table, so every connection uses it.
 SQLITE_MMAP_SIZE = 0
 
 
 T = TypeVar("T")
-
-
-def _is_entry_key(key: object) -> bool:
-    return isinstance(key, str) and not key.startswith(HITS_PREFIX)
 
 
 class DiskStore(Store):
@@ -147,8 +123,6 @@ class DiskStore(Store):
         weakref.finalize(self, self._hits.final_flush)  # on collection, or at exit if still alive
         self._open()
 
-    # -- opening and faults -------------------------------------------------
-
     def _new_cache(self) -> BoundedOpenCache:
         return BoundedOpenCache(
             str(self.directory),
@@ -185,27 +159,22 @@ class DiskStore(Store):
         try:
             with recovery_lock(self.directory, shared=True, wait=self.timeout) as held:
                 if held is False:
-                    self.warn_once(
-                        "recovery.lock is held by another process",
-                        f"waited {self.timeout:g} s for its recovery to finish; opening without it",
-                    )
+                    self.warn_once("recovery.lock is held by another process",
+                                   f"waited {self.timeout:g} s for its recovery to finish; opening without it")
                 create_private_file(self._db_path)  # SQLite gives -wal/-shm the database's mode
                 cache = self._new_cache()
                 identity = file_id(self._db_path)
             self._cache, self._db_id, self._healthy = cache, identity, True
-            if needs_salvage(self.directory):
-                resume(cache, self.directory, self.signer)
+            resume(cache, self.directory, self.signer)
             return
         except Exception as exc:  # every open failure degrades the same way
             fault, error = classify(exc), exc
         if fault is Fault.CORRUPT and self._recover(error):
             return
         if fault in (Fault.READ_ONLY, Fault.UNAVAILABLE) and self._db_path.is_file():
-            try:
+            with contextlib.suppress(Exception):
                 self._reader = ReadOnlyCache(self.directory, self.timeout)
-            except Exception:
-                pass
-            else:
+            if self._reader is not None:
                 self.warn_once(Fault.READ_ONLY.value, f"{error}; serving reads only ({self._reader.mode})")
                 self._writes_paused_until = math.inf
                 return
@@ -213,7 +182,7 @@ class DiskStore(Store):
         self._open_again_at = time.monotonic() + self.cooldown
 
     def _recover(self, error: BaseException) -> bool:
-        """Move a corrupt ``cache.db`` aside, open a fresh one and restore what is valid (``recovery.recover``)."""
+        """``recovery.recover``: True when a fresh database is open."""
         try:
             cache, identity, moved, restored = recover(self.directory, self.timeout, self.signer, self._new_cache)
         except Exception as exc:
@@ -222,10 +191,8 @@ class DiskStore(Store):
         self._cache, self._db_id, self._healthy = cache, identity, True
         if moved is not None:
             self.recovered = (moved.name, restored)
-            self.warn_once(
-                Fault.CORRUPT.value,
-                f"{error}; moved it aside to {moved.name}, started afresh and restored {restored} valid entries",
-            )
+            self.warn_once(Fault.CORRUPT.value,
+                           f"{error}; moved it aside to {moved.name}, started afresh and restored {restored} valid entries")
         return True
 
     def _fault(self, exc: BaseException, write: bool) -> None:
@@ -248,9 +215,8 @@ class DiskStore(Store):
         self.warn_once(fault.value, f"{detail}; pausing {'writes' if write else 'the store'} for {self.cooldown:g} s")
 
     def _handle(self, write: bool, force: bool = False) -> BoundedOpenCache | ReadOnlyCache | None:
-        """What an operation goes to; None while paused (``force``: a fact's write, never paused, and opening
-        the store again where a failed open left it off for ``cooldown``, or ``close`` closed it: a fact this
-        process kept is written at exit, after the hooks closed their store)."""
+        """What an operation goes to; None while paused. ``force`` (a fact's write) is never paused, and opens
+        again a store a failed open or ``close`` left shut: a fact kept in the process is written at exit."""
         now = time.monotonic()
         if not force and now < (self._writes_paused_until if write else self._reads_paused_until):
             return None
@@ -263,70 +229,57 @@ class DiskStore(Store):
             return self._cache
         return self._reader
 
-    def _follow_moves(self, write: bool) -> None:
-        """Reopen when ``cache.db`` is no longer the file this store opened (another process moved it aside).
-
-        Checked (a stat) before every read, so a database renamed into place (a recovery, a copy) is what the
-        next lookup reads, and before every write (under the shared lock, so no recovery can move it between
-        the check and the write: an acknowledged put is in the live database).
-        """
-        if self._cache is None:
-            return
-        if file_id(self._db_path) != self._db_id:
+    def _follow_moves(self) -> None:
+        """Reopen when ``cache.db`` is no longer the file this store opened (another process recovered it or
+        renamed a copy into place). Writes check under the shared lock: an acknowledged put is in the live file."""
+        if self._cache is not None and file_id(self._db_path) != self._db_id:
             with self._lock:
                 self._close_handles()
                 self._open()
 
-    def _run(self, write: bool, op: Callable[[BoundedOpenCache | ReadOnlyCache], T], default: T, *,
-             force: bool = False, wait: float = 0.0) -> T:
-        """``op`` on the open cache, ``default`` on a fault. A write locked by another connection is tried again
-        with backoff until ``wait`` seconds have passed (``op`` is one transaction: a locked one changed
-        nothing); ``force``: even while writes are paused."""
-        if not write:
-            self._follow_moves(False)
-            handle = self._handle(False)
-            if handle is None:
-                return default
-            try:
-                return op(handle)
-            except Exception as exc:  # a store fault is never the compile's problem
-                self._fault(exc, False)
-                return default
+    def _read_with(self, op: Callable[[BoundedOpenCache | ReadOnlyCache], T], default: T) -> T:
+        """``op`` on the open (or read-only) cache; ``default`` while paused or on a fault."""
+        self._follow_moves()
+        handle = self._handle(False)
+        if handle is None:
+            return default
+        try:
+            return op(handle)
+        except Exception as exc:  # a store fault is never the compile's problem
+            self._fault(exc, False)
+            return default
+
+    def _write_with(self, op: Callable[[BoundedOpenCache], T], default: T, *, force: bool = False,
+                    wait: float = 0.0) -> T:
+        """``op`` (one transaction: a locked one changed nothing) on the open cache, ``default`` on a fault. A
+        locked database, or another process's recovery, is waited for with backoff up to ``wait`` seconds;
+        ``force``: even while writes are paused."""
         deadline, delay = time.monotonic() + wait, 0.01
         while True:
-            failure: Exception | None = None
-            recovering = False  # another process holds recovery.lock: try again, like a locked database
-            with self._lock:  # one writer per store at a time: the flock below belongs to the store's lock file
-                if self._handle(True, force) is not None and not self._hold_shared():
-                    recovering = True
-                else:
+            failure: Exception | None = None  # stays None where another process holds recovery.lock
+            with self._lock:  # one writer per store at a time: the flock belongs to the store's lock file
+                if self._handle(True, force) is None or self._hold_shared():
                     try:
-                        self._follow_moves(True)
-                        handle = self._handle(True, force)
-                        if handle is None:
+                        self._follow_moves()
+                        if self._handle(True, force) is None or self._cache is None:
                             return default
-                        result = op(handle)
+                        result = op(self._cache)
+                        self._healthy = True
+                        return result
                     except Exception as exc:  # a store fault is never the compile's problem
                         failure = exc
                     finally:
                         self._release_shared()
-            if failure is None and not recovering:
-                break
-            retry = recovering or (failure is not None and classify(failure) is Fault.LOCKED)
-            if retry and time.monotonic() + delay < deadline:
+            if (failure is None or classify(failure) is Fault.LOCKED) and time.monotonic() + delay < deadline:
                 time.sleep(delay)
                 delay = min(2 * delay, 0.2)
-                continue
-            if recovering:
-                self.warn_once(
-                    "recovery.lock is held by another process", f"a write waited {max(wait, self.timeout):g} s and was "
-                    "skipped")
+            elif failure is None:
+                self.warn_once("recovery.lock is held by another process",
+                               f"a write waited {max(wait, self.timeout):g} s and was skipped")
                 return default
-            assert failure is not None
-            self._fault(failure, True)
-            return default
-        self._healthy = True
-        return result
+            else:
+                self._fault(failure, True)
+                return default
 
     def _hold_shared(self) -> bool:
         """Take ``recovery.lock`` shared on the store's own handle, waiting at most ``timeout``."""
@@ -342,40 +295,32 @@ class DiskStore(Store):
             with contextlib.suppress(OSError):
                 fcntl.flock(self._lock_file, fcntl.LOCK_UN)
 
-    # -- decoding -----------------------------------------------------------
-
     def _stored_hits(self, key: str) -> int:
-        value = self._run(False, lambda c: c.get(HITS_PREFIX + key), None)
+        value = self._read_with(lambda c: c.get(HITS_PREFIX + key), None)
         count = hit_count(value)
         if count is None and value is not None:
             self.warn_once("invalid hit counter", f"key {key[:12]}: {str(value)[:40]!r} counts as 0 and is reset")
         return count or 0
 
-    # -- the Store interface ----------------------------------------------------
-
     def _read(self, key: str) -> object:
-        """The stored value under ``key``; a row whose value file is gone (a delete or eviction killed half-way)
-        is deleted and reads as None."""
-        raw = self._run(False, lambda c: c.get(key), None)
-        if isinstance(raw, Missing):
-            self._drop_missing(key, raw.filename)
-            return None
-        return raw
-
-    def _drop_missing(self, key: str, filename: str) -> None:
-        """Delete ``key``'s row if it still names ``filename`` and that file is still gone (a killed delete)."""
+        """The stored value under ``key``; a row whose value file is gone (a delete killed half-way) is deleted
+        and reads as None."""
+        raw = self._read_with(lambda c: c.get(key), None)
+        if not isinstance(raw, Missing):
+            return raw
+        filename = raw.filename
         path = value_file(str(self.directory), filename)
 
-        def drop(cache: BoundedOpenCache | ReadOnlyCache) -> None:
-            assert isinstance(cache, BoundedOpenCache)
-            with cache.transact():
+        def drop(cache: BoundedOpenCache) -> None:
+            with cache.transact():  # if the row still names that file, and it is still gone
                 row = cache._sql("SELECT filename FROM Cache WHERE key = ? AND raw = 1", (key,)).fetchone()
                 if row is not None and row[0] == filename and path is not None and not os.path.exists(path):
                     cache.delete(key)
                     cache.delete(HITS_PREFIX + key)
 
         if self._cache is not None:
-            self._run(True, drop, None)
+            self._write_with(drop, None)
+        return None
 
     def get(self, key: str) -> Entry | None:
         entry, pending = self._hit(key)
@@ -389,7 +334,7 @@ class DiskStore(Store):
         return self.refused is None and self._writes_paused_until != math.inf  # not refused, not read-only
 
     def _hit(self, key: str) -> tuple[Entry | None, int]:
-        """The valid entry under ``key`` (its hit counted in ``HitBuffer``) and its hits not yet written."""
+        """The valid entry under ``key`` (its hit counted) and its hits not yet written."""
         entry = self.decode(key, self._read(key))
         if entry is None:
             self.misses += 1
@@ -402,24 +347,16 @@ class DiskStore(Store):
             return entry, self._hits.pending[key]
 
     def flush_hits(self) -> None:
-        """Write the hit counts gathered since the last flush (one transaction; see ``HitBuffer``)."""
+        """Write the hit counts gathered since the last flush, in one transaction."""
         pending = self._hits.take()
-        if not pending or self._cache is None:
-            return
-
-        def write(cache: BoundedOpenCache | ReadOnlyCache) -> None:
-            assert isinstance(cache, BoundedOpenCache)
-            write_hits(cache, pending)
-
-        self._run(True, write, None)
+        if pending and self._cache is not None:
+            self._write_with(lambda cache: write_hits(cache, pending), None)
 
     def put(self, entry: Entry) -> bool:
-        """``Store.put``: written (and committed) before it returns, through a locked database for up to
-        ``write_wait`` seconds. An observed-OOM fact is written even while writes are paused."""
+        """``Store.put``, retried through a locked database for ``write_wait`` seconds; a fact even while paused."""
         text = entry.with_hits(0).to_json(self.signer)
 
-        def add(cache: BoundedOpenCache | ReadOnlyCache) -> bool:
-            assert isinstance(cache, BoundedOpenCache)
+        def add(cache: BoundedOpenCache) -> bool:
             if cache.add(entry.key, text):
                 return True
             with cache.transact():
@@ -432,23 +369,19 @@ class DiskStore(Store):
                          else f"a {there.decision.action} by a stricter entry", entry.key[:12])
                 return True
 
-        return self._run(True, add, False, force=is_observed_oom(entry.decision), wait=self.write_wait)
+        return self._write_with(add, False, force=is_observed_oom(entry.decision), wait=self.write_wait)
 
     def _entry_rows(self) -> list[tuple[str, object]]:
         """(key, value file name) of every stored entry, valid or not."""
-        none: list[tuple[object, object]] = []
-        rows = self._run(False, lambda c: c.key_rows(), none)
-        return [(key, name) for key, name in rows if isinstance(key, str) and _is_entry_key(key)]
+        rows: list[tuple[object, object]] = self._read_with(lambda c: c.key_rows(), [])
+        return [(key, name) for key, name in rows if isinstance(key, str) and not key.startswith(HITS_PREFIX)]
 
     def keys(self) -> list[str]:
-        """Every entry key stored (valid or not), except rows whose value file is gone."""
+        """Every entry key stored (valid or not), except rows whose value file is gone (a bad name is an invalid
+        entry, still stored)."""
         directory = str(self.directory)
-
-        def present(name: object) -> bool:
-            path = None if name is None else value_file(directory, name)
-            return path is None or os.path.exists(path)  # a bad name is an invalid entry, still stored
-
-        return [key for key, name in self._entry_rows() if present(name)]
+        files = [(key, None if name is None else value_file(directory, name)) for key, name in self._entry_rows()]
+        return [key for key, path in files if path is None or os.path.exists(path)]
 
     def entries(self) -> Iterator[Entry]:
         self.flush_hits()
@@ -458,36 +391,33 @@ class DiskStore(Store):
                 yield entry.with_hits(self._stored_hits(key))
 
     def delete(self, keys: list[str]) -> int:
-        def remove(cache: BoundedOpenCache | ReadOnlyCache) -> int:
-            assert isinstance(cache, BoundedOpenCache)
+        def remove(cache: BoundedOpenCache) -> int:
             removed = 0
             for key in keys:  # one transaction each: diskcache removes a value file only after its commit
                 removed += bool(cache.delete(key))
                 cache.delete(HITS_PREFIX + key)
             return removed
 
-        return self._run(True, remove, 0)
+        return self._write_with(remove, 0)
 
     def clear_all(self) -> int:
-        def clear(cache: BoundedOpenCache | ReadOnlyCache) -> int:
-            assert isinstance(cache, BoundedOpenCache)
-            count = sum(1 for k in cache.iterkeys() if _is_entry_key(k))
+        def clear(cache: BoundedOpenCache) -> int:
+            count = sum(1 for k in cache.iterkeys() if isinstance(k, str) and not k.startswith(HITS_PREFIX))
             cache.clear()
             return count
 
-        removed = self._run(True, clear, 0)
-        try:  # and the value files of puts and deletes killed half-way, once no write is in progress
-            with recovery_lock(self.directory, wait=self.timeout):
-                if self._cache is not None:
-                    remove_orphans(self._cache, self.directory)
-        except Exception:  # held by a recovery, or unwritable: the files stay until the next clear or recovery
-            pass
+        removed = self._write_with(clear, 0)
+        # and the value files of puts and deletes killed half-way, once no write is in progress (where the lock is
+        # held by a recovery, or unwritable, they stay until the next clear or recovery)
+        with contextlib.suppress(Exception), recovery_lock(self.directory, wait=self.timeout):
+            if self._cache is not None:
+                remove_orphans(self._cache, self.directory)
         return removed
 
     def stats(self) -> StoreStats:
         self.flush_hits()
         count = len(self.keys())
-        size = self._run(False, lambda c: c.volume(), None)
+        size = self._read_with(lambda c: c.volume(), None)
         if self.refused is not None:
             detail = f"refused: {self.refused}"
         elif self._reader is not None:
@@ -504,10 +434,8 @@ class DiskStore(Store):
     def _close_handles(self) -> None:
         for handle in (self._cache, self._reader):
             if handle is not None:
-                try:
+                with contextlib.suppress(Exception):
                     handle.close()
-                except Exception:
-                    pass
         self._cache = self._reader = None
 
     def close(self) -> None:

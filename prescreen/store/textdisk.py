@@ -1,27 +1,10 @@
 """diskcache plumbing that never unpickles: a text-only ``Disk``, a ``Cache`` that opens fast and reads
 bounded, a reader for a directory nobody may write, and the faults the disk store reacts to (``classify``).
 
-``TextDisk`` accepts string keys and string (JSON text) or integer (hit
-counter) values. Small values live in the SQLite row, large ones in a ``.val``
-text file (diskcache's text mode). A row written by some other program in
-pickle or binary mode comes back as a ``Refused`` marker, which the store
-treats as an invalid entry: nothing read from the cache is ever unpickled.
-
-Every file name a row gives is checked against the names diskcache itself
-makes (``trust.value_file``): a row naming ``../x`` or ``/etc/x`` is refused
-and never read, written or deleted. ``.val`` files are created 0600 and read
-only when regular files (``trust.open_regular``: no symlink, no FIFO to
-block on) of at most ``MAX_ENTRY_BYTES``, their size checked before the read;
-a row whose file is gone reads as ``Missing`` so the store can clean it.
-A value inline in ``cache.db`` is bounded the same way before SQLite loads it
-(``bounded``).
-
-A read-only directory (a deployment image, a read-only mount) cannot be opened
-by diskcache at all (opening writes settings and, in WAL mode, creates
-``-wal``/``-shm`` files); ``ReadOnlyCache`` opens ``cache.db`` with SQLite's
-read-only URI modes (``mode=ro``, then ``immutable=1``: then the contents of a
-leftover ``-wal`` file are not seen, those entries read as misses) and decodes
-rows with the same ``TextDisk``.
+Nothing read is ever unpickled: a row in pickle or binary mode reads as ``Refused`` (an invalid entry). A
+file name a row gives is used only if it is one diskcache itself makes (``trust.value_file``); a ``.val`` file
+is made 0600 and read only as a regular file of at most ``MAX_ENTRY_BYTES``, and an inline value is bounded
+before SQLite loads it (``bounded``).
 """
 
 from __future__ import annotations
@@ -48,7 +31,7 @@ from prescreen.store.trust import NotRegularFile, create_private_file, open_regu
 _MODE_NAMES = {MODE_RAW: "raw", MODE_BINARY: "binary", MODE_TEXT: "text", MODE_PICKLE: "pickle"}
 HITS_PREFIX = "hits:"  # a hit counter, an integer, lives under this prefix + the entry's key
 MAX_HITS = 2**62  # counters saturate here, far inside SQLite's 64-bit integers
-KEY_ROWS = "SELECT key, filename FROM Cache WHERE raw = 1 ORDER BY rowid"
+KEY_ROWS = "SELECT key, filename FROM Cache WHERE raw = 1 ORDER BY rowid"  # (key, value file) of text-keyed rows
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -59,8 +42,8 @@ class Missing:
 
 
 def read_value_file(path: str, limit: int = MAX_ENTRY_BYTES) -> str | Refused:
-    """The text of a ``.val`` file: a regular file (``open_regular``: a symlink is ``ELOOP``, a FIFO never
-    blocks) of at most ``limit`` bytes, its size checked before reading; ``OSError`` as ``os.open``."""
+    """The text of a regular ``.val`` file (``open_regular``: a symlink is ``ELOOP``, a FIFO never blocks) of at
+    most ``limit`` bytes, its size checked before reading; ``OSError`` as ``os.open``."""
     try:
         fd, st = open_regular(path)
     except NotRegularFile as exc:
@@ -78,9 +61,8 @@ def read_value_file(path: str, limit: int = MAX_ENTRY_BYTES) -> str | Refused:
 
 
 def bounded(con: sqlite3.Connection, read: Callable[[], object]) -> object:
-    """``read()`` on ``con`` with no column over ``MAX_ENTRY_BYTES``: a longer value is ``Refused`` before it is
-    loaded, by SQLite's length limit (a 128 MiB inline row: 0.2 ms and no memory, where checking ``length()``
-    in SQL loads it, 0.6 s and 258 MiB). The limit is the connection's for this read only."""
+    """``read()`` on ``con`` with no column over ``MAX_ENTRY_BYTES``: a longer value is ``Refused`` before SQLite
+    loads it (its length limit, set for this read only; checking ``length()`` in SQL would load it)."""
     old = con.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_ENTRY_BYTES)
     try:
         return read()
@@ -159,15 +141,9 @@ class TextDisk(diskcache.Disk):
 
 
 class BoundedOpenCache(diskcache.Cache):
-    """A ``diskcache.Cache`` whose initialisation gives up on a locked database after ``open_timeout``, and
-    whose ``get`` refuses a value over ``MAX_ENTRY_BYTES`` unread (``bounded``).
-
-    diskcache retries the statements of ``__init__`` for 60 s while another
-    connection holds a lock; a compile must not wait that long. So an existing
-    database is first probed with one read under a short SQLite timeout (which
-    fails fast on an exclusive lock, a corrupt file or an unreadable one), and
-    the statement retry loop (diskcache's ``_sql_retry``) is bounded too.
-    """
+    """A ``diskcache.Cache`` that gives up opening a locked database after ``open_timeout`` (diskcache retries
+    for 60 s: a probe read under a short timeout, and a bounded ``_sql_retry``), and whose ``get`` refuses a
+    value over ``MAX_ENTRY_BYTES`` unread (``bounded``)."""
 
     open_timeout: float = 1.0
 
@@ -183,11 +159,9 @@ class BoundedOpenCache(diskcache.Cache):
         super().__init__(directory, **kwargs)
 
     def get(self, key: object, default: object = None, *args: object, **kwargs: object) -> object:
-        """diskcache's ``get``, the value as ``TextDisk.fetch`` gives it, bounded (``bounded``)."""
         return bounded(self._con, lambda: super(BoundedOpenCache, self).get(key, default, *args, **kwargs))
 
     def key_rows(self) -> list[tuple[object, object]]:
-        """(key, value file name) of every text-keyed row."""
         return list(self._sql(KEY_ROWS).fetchall())
 
     @property
@@ -210,7 +184,8 @@ class BoundedOpenCache(diskcache.Cache):
 
 
 class ReadOnlyCache:
-    """The read half of ``diskcache.Cache`` over a directory nobody may write (see the module docstring)."""
+    """The read half of ``diskcache.Cache`` over a directory nobody may write (diskcache cannot open one):
+    SQLite's ``mode=ro``, else ``immutable=1`` (a leftover ``-wal``'s entries are then misses)."""
 
     _SELECT = "SELECT mode, filename, value FROM Cache WHERE key = ? AND raw = 1 AND (expire_time IS NULL OR expire_time > ?)"
 
@@ -247,7 +222,6 @@ class ReadOnlyCache:
             return bounded(self.con, read)
 
     def key_rows(self) -> list[tuple[object, object]]:
-        """(key, value file name) of every text-keyed row."""
         with self._lock:
             return list(self.con.execute(KEY_ROWS).fetchall())
 
@@ -264,13 +238,9 @@ def hit_count(value: object) -> int | None:
 
 
 class HitBuffer:
-    """Hit counts not yet written, and the open cache to write them to.
-
-    Counting a hit in the database on every read would cost a commit per read; counts are statistics, so
-    they are written on ``close``, ``stats``, ``entries`` and exit. Held apart from the store so that a
-    ``weakref.finalize`` can flush it both when the store is garbage-collected and at interpreter exit,
-    whichever comes first: every hit counted in a process that exits normally is stored.
-    """
+    """Hit counts not yet written (statistics: written on ``close``, ``stats``, ``entries`` and exit, not a
+    commit per read) and the open cache they go to; apart from the store, so that its ``weakref.finalize``
+    (collection or exit, whichever comes first) holds no reference to the store."""
 
     def __init__(self) -> None:
         self.pending: collections.Counter[str] = collections.Counter()
@@ -283,13 +253,11 @@ class HitBuffer:
         return pending
 
     def final_flush(self) -> None:
-        """The finalizer: write what is pending, never raising (the store is gone or the interpreter exits)."""
+        """The finalizer: write what is pending, never raising (a hit count is statistics)."""
         pending, cache = self.take(), self.cache
         if pending and cache is not None:
-            try:
+            with contextlib.suppress(Exception):
                 write_hits(cache, pending)
-            except Exception:  # a hit count is statistics: never fail a collection or an exit for it
-                pass
 
 
 def write_hits(cache: BoundedOpenCache, pending: collections.Counter[str]) -> None:
@@ -313,10 +281,6 @@ class Fault(str, enum.Enum):
     ERROR = "store error"
 
 
-_READ_ONLY_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM}
-_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
-
-
 def classify(exc: BaseException) -> Fault:
     """The fault an exception from diskcache/sqlite/the filesystem stands for."""
     if isinstance(exc, diskcache.Timeout):
@@ -336,9 +300,9 @@ def classify(exc: BaseException) -> Fault:
             return Fault.UNAVAILABLE
         return Fault.ERROR
     if isinstance(exc, OSError):
-        if exc.errno in _FULL_ERRNOS:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             return Fault.FULL
-        if exc.errno in _READ_ONLY_ERRNOS:
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
             return Fault.READ_ONLY
         return Fault.UNAVAILABLE
     return Fault.ERROR
