@@ -1,33 +1,14 @@
 """One file to deploy: torch's compile caches and prescreen's decisions, checked as a whole before either is used.
 
-``prescreen warm ... --artifact FILE`` writes it (``save``); ``prescreen load FILE`` or
-``prescreen.load(path)`` puts both parts in place on a replica (``load``). The file is a zip
-holding exactly these members (docs/artifact.md describes them):
-
-- ``manifest.json``: the format name and version, when it was made, the torch and prescreen
-  versions, and each other member's byte count and sha256;
-- ``decisions.json``: a prescreen bundle (``prescreen.store.bundle``) of the decisions the warm saw;
-- ``torch-caches.bin`` (absent when torch recorded nothing): the bytes of
-  ``torch.compiler.save_cache_artifacts()[0]``, torch's "mega-cache" (FX graph, AOTAutograd,
-  autotune artifacts).
-
-Trust: torch's part is compiled code (pickled graphs and generated kernels, like any model
-file): loading it means running code its author made. Load only artifacts you built or trust.
-prescreen's part is JSON, and every entry is validated as an import of a bundle is.
-
-``load`` checks everything before it changes anything: the zip's member names (these and no
-others, no paths), each member's size from the zip header against its cap before it is
-decompressed, the manifest's format and version, each member's sha256, the bundle's header,
-the torch version (equal to the running torch's), and that torch can parse its part. A file
-that fails a check is one ``ConfigError`` naming the file and the fault, and no store entry
-or torch cache file is added, changed or removed. Then the decisions are imported (the
-store's put rules keep a stricter entry already there: an observed OOM is never replaced),
-and torch's caches are populated last.
+``prescreen warm ... --artifact FILE`` writes it (``save``); ``prescreen load FILE`` or ``prescreen.load(path)``
+puts both parts in place (``load``). The format and every check ``load`` makes are in docs/artifact.md: a zip of
+``manifest.json``, ``decisions.json`` (a prescreen bundle) and ``torch-caches.bin`` (torch's mega-cache, if any).
+A file that fails a check is one ``ConfigError`` and changes nothing. torch's part is compiled code (pickled
+graphs, like any model file): load only artifacts you built or trust.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -36,15 +17,13 @@ import logging
 import os
 import tempfile
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
 from prescreen.errors import ConfigError
 from prescreen.store.base import Store
 from prescreen.store.bundle import check_bundle, export_bundle, import_bundle
-
-log = logging.getLogger("prescreen.artifact")
 
 FORMAT = "prescreen-artifact"
 VERSION = 1
@@ -98,10 +77,6 @@ class Loaded:
                 f"skipped), {torch_part}")
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def _torch_version() -> str:
     import torch
 
@@ -121,11 +96,10 @@ def check_writable(path: str | os.PathLike[str]) -> None:
 def save(
     path: str | os.PathLike[str], store: Store, keys: Iterable[str], torch_artifacts: bytes | None
 ) -> Saved:
-    """Write one artifact at ``path`` (atomically): the decisions under ``keys`` and torch's mega-cache bytes.
+    """Write one artifact at ``path`` (atomically): the decisions under ``keys`` (those the store holds) and
+    ``torch.compiler.save_cache_artifacts()[0]`` (None where torch recorded nothing)."""
+    from prescreen import __version__
 
-    ``torch_artifacts``: ``torch.compiler.save_cache_artifacts()[0]``, or None where torch recorded
-    nothing (the artifact then holds decisions only). A key the store does not hold is left out.
-    """
     check_writable(path)
     target = Path(path)
     if torch_artifacts is not None and len(torch_artifacts) > MAX_TORCH_BYTES:
@@ -134,8 +108,7 @@ def save(
     with tempfile.TemporaryDirectory(prefix="prescreen-artifact-") as scratch:
         bundle = Path(scratch) / DECISIONS
         count = export_bundle(store, bundle, keys=keys)
-        decisions = bundle.read_bytes()
-    parts = {DECISIONS: decisions}
+        parts = {DECISIONS: bundle.read_bytes()}
     if torch_artifacts is not None:
         parts[TORCH] = bytes(torch_artifacts)
     manifest = {
@@ -143,35 +116,24 @@ def save(
         "version": VERSION,
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "torch_version": _torch_version() if torch_artifacts is not None else None,
-        "prescreen_version": _prescreen_version(),
+        "prescreen_version": __version__,
         "decisions": count,
-        "members": {name: {"bytes": len(data), "sha256": _sha256(data)} for name, data in parts.items()},
+        "members": {name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                    for name, data in parts.items()},
     }
-    text = json.dumps(manifest, sort_keys=True, indent=1).encode()
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.absolute().parent)
     try:
         with os.fdopen(fd, "wb") as raw, zipfile.ZipFile(raw, "w") as zf:
-            _write(zf, MANIFEST, text, zipfile.ZIP_DEFLATED)
-            _write(zf, DECISIONS, decisions, zipfile.ZIP_DEFLATED)
-            if TORCH in parts:
-                _write(zf, TORCH, parts[TORCH], zipfile.ZIP_STORED)  # large, read back whole: no inflate
+            for name, data in [(MANIFEST, json.dumps(manifest, sort_keys=True, indent=1).encode()), *parts.items()]:
+                info = zipfile.ZipInfo(name, date_time=_FIXED_TIME)
+                # torch's part is large and read back whole: stored, so loading it inflates nothing
+                info.compress_type = zipfile.ZIP_STORED if name == TORCH else zipfile.ZIP_DEFLATED
+                zf.writestr(info, data)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return Saved(str(target), count, len(parts.get(TORCH, b"")), target.stat().st_size)
-
-
-def _prescreen_version() -> str:
-    from prescreen import __version__
-
-    return __version__
-
-
-def _write(zf: zipfile.ZipFile, name: str, data: bytes, compression: int) -> None:
-    info = zipfile.ZipInfo(name, date_time=_FIXED_TIME)
-    info.compress_type = compression
-    zf.writestr(info, data)
 
 
 # --- load ------------------------------------------------------------------------------------------------------------
@@ -204,34 +166,12 @@ def _infos(zf: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
     return {i.filename: i for i in infos}
 
 
-def _read(zf: zipfile.ZipFile, info: zipfile.ZipInfo, sink: IO[bytes] | None = None) -> tuple[bytes, str, int]:
-    """A member's bytes (empty when written to ``sink``), its sha256 and size; never more than its cap.
-
-    Held in memory, torch's part costs up to twice its size while its chunks are joined.
-    """
-    cap = _caps()[info.filename]
-    digest, size, chunks = hashlib.sha256(), 0, []
-    with zf.open(info) as member:
-        while chunk := member.read(_CHUNK):
-            size += len(chunk)
-            if size > cap:  # the header said less (zipfile stops at it too): refuse all the same
-                raise _Refused(f"{info.filename} is longer than its cap of {cap} bytes")
-            digest.update(chunk)
-            if sink is None:
-                chunks.append(chunk)
-            else:
-                sink.write(chunk)
-    return b"".join(chunks), digest.hexdigest(), size
-
-
 def _manifest(zf: zipfile.ZipFile, infos: dict[str, zipfile.ZipInfo]) -> dict[str, Any]:
-    raw, _, _ = _read(zf, infos[MANIFEST])
-
     def refuse_constant(name: str) -> None:
         raise ValueError(f"the number {name}")
 
     try:
-        manifest = json.loads(raw.decode("utf-8"), parse_constant=refuse_constant)
+        manifest = json.loads(zf.read(infos[MANIFEST]).decode("utf-8"), parse_constant=refuse_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise _Refused(f"{MANIFEST} is not JSON: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -256,80 +196,68 @@ def _manifest(zf: zipfile.ZipFile, infos: dict[str, zipfile.ZipInfo]) -> dict[st
     return manifest
 
 
-def _check_member(name: str, manifest: dict[str, Any], digest: str, size: int) -> None:
-    meta = manifest["members"][name]
-    if size != meta["bytes"] or digest != meta["sha256"]:
-        raise _Refused(f"{name} does not match {MANIFEST} (sha256 {digest[:16]}..., expected {meta['sha256'][:16]}...)")
-
-
-def _check_torch_version(manifest: dict[str, Any]) -> None:
-    built, running = manifest.get("torch_version"), _torch_version()
-    if built != running:
-        raise _Refused(f"torch's caches in it were built with torch {built!r}; this is torch {running!r} (torch "
-                       "reuses compiled code only under the version that made it: build the artifact again with "
-                       f"torch {running})")
-
-
-@contextlib.contextmanager
-def _quiet_torch_cache_log() -> Iterator[None]:
-    """torch logs a traceback when it cannot parse a mega-cache; ``load`` says it in one error instead."""
-    logger = logging.getLogger("torch.compiler._cache")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
+def _read(zf: zipfile.ZipFile, info: zipfile.ZipInfo, manifest: dict[str, Any], sink: IO[bytes] | None = None) -> bytes:
+    """A member's bytes (empty when written to ``sink``), never more than its cap, matching the manifest."""
+    cap, meta = _caps()[info.filename], manifest["members"][info.filename]
+    digest, size, chunks = hashlib.sha256(), 0, []
+    with zf.open(info) as member:
+        while chunk := member.read(_CHUNK):
+            size += len(chunk)
+            if size > cap:  # the header said less (zipfile stops at it too): refuse all the same
+                raise _Refused(f"{info.filename} is longer than its cap of {cap} bytes")
+            digest.update(chunk)
+            if sink is None:
+                chunks.append(chunk)
+            else:
+                sink.write(chunk)
+    if size != meta["bytes"] or digest.hexdigest() != meta["sha256"]:
+        raise _Refused(f"{info.filename} does not match {MANIFEST} (sha256 {digest.hexdigest()[:16]}..., expected "
+                       f"{meta['sha256'][:16]}...)")
+    return b"".join(chunks)
 
 
 def _parse_torch(data: bytes) -> Any:
-    """torch's own parse of its part, writing nothing (None where this torch has no separate parse step)."""
+    """torch's own parse of its part, writing nothing (``load_cache_artifacts`` without its populate step)."""
+    from torch.compiler._cache import CacheArtifactManager
+
+    logger = logging.getLogger("torch.compiler._cache")  # it logs a traceback where one error line says it
+    level = logger.level
+    logger.setLevel(logging.ERROR)
     try:
-        from torch.compiler._cache import CacheArtifactManager
-    except ImportError:
-        return None
-    deserialize = getattr(CacheArtifactManager, "deserialize", None)
-    if deserialize is None or not hasattr(CacheArtifactManager, "populate_caches"):
-        log.info("prescreen: this torch has no CacheArtifactManager.deserialize/populate_caches; its part of the "
-                 "artifact is checked by load_cache_artifacts itself")
-        return None
-    with _quiet_torch_cache_log():
-        parsed = deserialize(data)
+        parsed = CacheArtifactManager.deserialize(data)
+    finally:
+        logger.setLevel(level)
     if parsed is None:
         raise _Refused(f"torch cannot parse {TORCH} (torch.compiler.load_cache_artifacts would refuse it)")
     return parsed
 
 
-def _populate_torch(data: bytes, parsed: Any) -> dict[str, int]:
-    """Put torch's caches in place; returns what its ``CacheInfo`` lists, by artifact kind."""
-    import torch
-
-    info: object
-    if parsed is not None:
-        from torch.compiler._cache import CacheArtifactManager
-
-        info = CacheArtifactManager.populate_caches(parsed)  # what load_cache_artifacts does after its parse
-    else:
-        info = torch.compiler.load_cache_artifacts(data)
-        if info is None:
-            raise _Refused(f"torch cannot parse {TORCH} (load_cache_artifacts read nothing from it)")
-    artifacts = getattr(info, "artifacts", None) or {}
-    return {str(kind): len(keys) for kind, keys in artifacts.items() if keys}
-
-
 def load(path: str | os.PathLike[str], store: Store | None = None) -> Loaded:
     """Put an artifact's decisions and torch caches in place (into ``store``, default: the configured store).
 
-    Every check runs before anything is changed (see the module docstring); a file that fails
-    one is a ``ConfigError`` naming the file and the fault. torch's part holds compiled code
-    (pickled graphs, like any model file): load only artifacts you built or trust.
+    Every check runs before anything is changed; then the decisions are imported (a stricter entry in place
+    stays: an observed OOM is never replaced), and torch's caches are populated last.
     """
     where = str(path)
     try:
-        with open(path, "rb") as raw, tempfile.TemporaryDirectory(prefix="prescreen-artifact-") as scratch:
+        with open(path, "rb") as raw, zipfile.ZipFile(raw) as zf, \
+                tempfile.TemporaryDirectory(prefix="prescreen-artifact-") as scratch:
+            infos = _infos(zf)
+            manifest = _manifest(zf, infos)
+            if TORCH in infos:  # before the large part is read
+                built, running = manifest.get("torch_version"), _torch_version()
+                if built != running:
+                    raise _Refused(f"torch's caches in it were built with torch {built!r}; this is torch {running!r} "
+                                   "(torch reuses compiled code only under the version that made it: build the "
+                                   f"artifact again with torch {running})")
             bundle = Path(scratch) / DECISIONS
-            manifest, torch_data = _checked(raw, bundle)
-            _bundle_checked(bundle)
+            with open(bundle, "wb") as sink:
+                _read(zf, infos[DECISIONS], manifest, sink)
+            torch_data = _read(zf, infos[TORCH], manifest) if TORCH in infos else None
+            try:
+                check_bundle(bundle)
+            except ConfigError as exc:
+                raise _Refused(f"{DECISIONS}: {str(exc).replace(str(bundle), DECISIONS)}") from None
             parsed = _parse_torch(torch_data) if torch_data is not None else None
             return _put_in_place(where, bundle, torch_data, parsed, store)
     except _Refused as exc:
@@ -340,45 +268,23 @@ def load(path: str | os.PathLike[str], store: Store | None = None) -> Loaded:
         raise ConfigError(f"cannot read artifact {where}: {exc.strerror or exc}") from None
 
 
-def _checked(raw: IO[bytes], bundle: Path) -> tuple[dict[str, Any], bytes | None]:
-    """Every check of the zip and its members; the decisions written to ``bundle``, torch's bytes returned."""
-    with zipfile.ZipFile(raw) as zf:
-        infos = _infos(zf)
-        manifest = _manifest(zf, infos)
-        if TORCH in infos:
-            _check_torch_version(manifest)  # before the large part is read
-        with open(bundle, "wb") as sink:
-            _, digest, size = _read(zf, infos[DECISIONS], sink)
-        _check_member(DECISIONS, manifest, digest, size)
-        torch_data = None
-        if TORCH in infos:
-            torch_data, digest, size = _read(zf, infos[TORCH])
-            _check_member(TORCH, manifest, digest, size)
-    return manifest, torch_data
-
-
-def _bundle_checked(bundle: Path) -> None:
-    """prescreen's part is a bundle of this format and schema, every entry well-formed JSON (nothing stored)."""
-    try:
-        check_bundle(bundle)
-    except ConfigError as exc:
-        raise _Refused(f"{DECISIONS}: {str(exc).replace(str(bundle), DECISIONS)}") from None
-
-
 def _put_in_place(where: str, bundle: Path, torch_data: bytes | None, parsed: Any, store: Store | None) -> Loaded:
-    opened = None
-    if store is None:
-        from prescreen.store import open_store
+    from prescreen.store import open_store
 
-        store = opened = open_store()
+    used = store if store is not None else open_store()
     try:
-        imported, skipped = import_bundle(store, bundle)  # each entry validated; a stricter one in place is kept
-        try:
-            loaded = _populate_torch(torch_data, parsed) if torch_data is not None else {}
-        except Exception as exc:  # e.g. a full disk: the decisions stay (they are valid on their own)
-            raise ConfigError(f"{where}: torch could not put its caches in place ({type(exc).__name__}: {exc}); "
-                              f"{imported} decisions were imported") from None
+        imported, skipped = import_bundle(used, bundle)  # each entry validated; a stricter one in place is kept
+        info: dict[str, int] = {}
+        if parsed is not None:
+            from torch.compiler._cache import CacheArtifactManager
+
+            try:
+                artifacts = CacheArtifactManager.populate_caches(parsed).artifacts
+            except Exception as exc:  # e.g. a full disk: the decisions stay (they are valid on their own)
+                raise ConfigError(f"{where}: torch could not put its caches in place ({type(exc).__name__}: {exc}); "
+                                  f"{imported} decisions were imported") from None
+            info = {str(kind): len(keys) for kind, keys in artifacts.items() if keys}
     finally:
-        if opened is not None:
-            opened.close()
-    return Loaded(where, imported, skipped, len(torch_data or b""), loaded)
+        if store is None:
+            used.close()
+    return Loaded(where, imported, skipped, len(torch_data or b""), info)

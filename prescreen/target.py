@@ -8,7 +8,6 @@ import importlib.util
 import inspect
 import itertools
 import json
-import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -93,23 +92,6 @@ SPEC_KEYS = tuple(SPEC_TYPES)
 _ITEM_START = re.compile(r",\s*(?=[A-Za-z_][A-Za-z0-9_.]*\s*=)")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Spec:
-    """What a warm spec file sets; ``None`` (or empty) where it is silent."""
-
-    path: str = ""
-    target: str | None = None
-    shapes: tuple[ShapeRange, ...] = ()
-    plans: str | None = None
-    device: str | None = None
-    device_kind: str | None = None
-    device_memory: str | int | None = None
-    ratio: float | str | None = None
-    mode: str | None = None
-    points: int | None = None
-    inductor_config: tuple[str, ...] = ()
-
-
 def split_inductor_config(value: str | list[str] | Mapping[str, object]) -> tuple[str, ...]:
     """``KEY=VALUE`` items from a spec's ``inductor_config``: a table, a list of items, or one string.
 
@@ -143,11 +125,9 @@ def _spec_shape(name: object, value: object, where: str) -> ShapeRange:
         raise ConfigError(f"{where}: {exc}") from None
 
 
-def load_spec(path: str | Path) -> Spec:
-    """A TOML or JSON warm spec: an unknown key, a value of the wrong type or a bad shape is a ConfigError.
-
-    The other values are checked where they are used, by ``prescreen warm``'s option types.
-    """
+def load_spec(path: str | Path) -> dict[str, Any]:
+    """A TOML or JSON warm spec's settings by parameter name (shapes parsed, inductor_config split into items): an
+    unknown key, a value of the wrong type or a bad shape is a ConfigError; ``warm``'s option types check the rest."""
     p = Path(path)
     where = f"spec {str(p)!r}"
     try:
@@ -182,9 +162,12 @@ def load_spec(path: str | Path) -> Spec:
         if isinstance(value, bool) or not isinstance(value, types) or (
                 isinstance(value, list) and not all(isinstance(v, str) for v in value)):
             raise ConfigError(f"{where}: {key!r} must be {what}, got {value!r}")
-    values = {k: v for k, v in data.items() if k not in ("shapes", "inductor_config")}
-    return Spec(path=str(p), shapes=tuple(_spec_shape(k, v, where) for k, v in data.get("shapes", {}).items()),
-                inductor_config=split_inductor_config(data.get("inductor_config", ())), **values)
+    spec = dict(data)
+    if "shapes" in spec:
+        spec["shapes"] = tuple(_spec_shape(k, v, where) for k, v in spec["shapes"].items())
+    if "inductor_config" in spec:
+        spec["inductor_config"] = split_inductor_config(spec["inductor_config"])
+    return spec
 
 
 def load_target(spec: str) -> Callable[..., Any]:
@@ -230,7 +213,7 @@ def build(fn: Callable[..., Any], sizes: Mapping[str, int], device: str) -> tupl
     except Exception as exc:
         name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or fn
         call = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
-        raise ConfigError(f"target {name}({call}) raised {type(exc).__name__}: {_first_line(exc)}") from None
+        raise ConfigError(f"target {name}({call}) raised {type(exc).__name__}: {first_line(exc)}") from None
     if isinstance(result, Mapping):
         model, inputs = result.get("model"), result.get("inputs", ())
     elif isinstance(result, tuple) and len(result) == 2:
@@ -243,7 +226,8 @@ def build(fn: Callable[..., Any], sizes: Mapping[str, int], device: str) -> tupl
     return model, inputs
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The first non-blank line of ``exc``'s message: an error line holds one line."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[0] if lines else "(no message)"
 
@@ -282,10 +266,7 @@ def available_memory(device: str) -> tuple[int, str] | None:
                         return int(line.split()[1]) * 1024, "available host memory"
         except (OSError, ValueError, IndexError):
             pass
-        try:
-            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"), "free host memory"
-        except (OSError, ValueError):
-            return None
+        return None
     mem_get_info = getattr(getattr(torch, kind, None), "mem_get_info", None)
     if mem_get_info is None:
         return None
@@ -313,14 +294,10 @@ def _meta_bytes(fn: Callable[..., Any], sizes: Mapping[str, int]) -> int:
 
 
 def check_fits(fn: Callable[..., Any], grid: list[dict[str, int]], device: str) -> None:
-    """Refuse a warm whose largest sizes cannot fit before anything is allocated (``warm`` builds a real model and
-    real inputs at every size, so a range such as ``batch=1..1e12`` would grow until the host kills it).
-
-    The model is built on the meta device at the smallest and the largest sizes: its parameters, buffers and
-    example inputs at the largest must fit in the device's free memory (the host's available memory for
-    ``cpu``). This is a lower bound (the forward pass needs more), so a warm that passes can still run out.
-    A target that cannot build on the meta device at all is not checked.
-    """
+    """Refuse, before anything is allocated, a warm whose largest sizes cannot fit (``batch=1..1e12`` would grow
+    until the host kills it): the model's parameters, buffers and example inputs at the largest sizes, built on
+    the meta device, must fit in ``available_memory`` (a lower bound: the forward pass needs more). A target that
+    cannot build on the meta device at all is not checked."""
     named = [sizes for sizes in grid if sizes]
     if not named:
         return
@@ -334,7 +311,7 @@ def check_fits(fn: Callable[..., Any], grid: list[dict[str, int]], device: str) 
     try:
         need = _meta_bytes(fn, largest)
     except Exception as exc:
-        why = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {_first_line(exc)}"
+        why = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {first_line(exc)}"
         raise ConfigError(f"the largest sizes are too large: measuring the model at {at} on the meta device failed "
                           f"({why}); narrow --shape") from None
     have = available_memory(device)
@@ -347,13 +324,13 @@ def check_fits(fn: Callable[..., Any], grid: list[dict[str, int]], device: str) 
 
 
 def check_device(device: str) -> str:
-    """``device`` if torch can build a model on it here, else a ConfigError saying why (imports torch)."""
+    """``device`` if torch can build a model on it here, else a ConfigError saying why."""
     import torch
 
     try:
         kind = torch.device(device).type
     except (RuntimeError, ValueError, TypeError) as exc:
-        raise ConfigError(f"--device {device!r} is not a device: {_first_line(exc)}") from None
+        raise ConfigError(f"--device {device!r} is not a device: {first_line(exc)}") from None
     if kind == "cpu" or kind == "meta":
         return device
     backend = getattr(torch, kind, None)

@@ -21,20 +21,22 @@ from prescreen.errors import ConfigError, NotBounded
 from prescreen.expr import Const
 from prescreen.plan import KernelPlan
 from prescreen.service import OBSERVERS, Outcome, lookup_or_decide
-from prescreen.store.base import Store, StoreStats
+from prescreen.store.base import NullStore, Store, StoreStats
 from prescreen.store.entry import Entry
-from prescreen.target import ShapeRange, build, check_device, check_fits, load_target, shape_points
+from prescreen.target import ShapeRange, build, check_device, check_fits, first_line, load_target, shape_points
+
+#: ``progress(done, total, sizes)``: what a warm reports before each compile (or plan).
+Progress = Callable[[int, int, dict[str, int]], None]
 
 
-class ReadOnlyStore(Store):
-    """Reads through to another store and never writes (``--dry-run``)."""
+class ReadOnlyStore(NullStore):
+    """Reads through to another store and never writes (``--dry-run``: the hooks hold a store, not a flag)."""
 
     backend = "dry-run"
 
     def __init__(self, inner: Store) -> None:
-        super().__init__()
+        super().__init__(inner.location)
         self.inner = inner
-        self.location = inner.location
 
     def get(self, key: str) -> Entry | None:
         return self.inner.get(key)
@@ -42,18 +44,8 @@ class ReadOnlyStore(Store):
     def lookup(self, key: str) -> Entry | None:
         return self.inner.lookup(key)
 
-    @property
-    def writable(self) -> bool:
-        return False
-
-    def put(self, entry: Entry) -> bool:
-        return False
-
     def entries(self) -> Iterator[Entry]:
         return self.inner.entries()
-
-    def delete(self, keys: list[str]) -> int:
-        return 0
 
     def stats(self) -> StoreStats:
         return self.inner.stats()
@@ -145,36 +137,25 @@ class WarmReport:
 
 
 def kernel_site(plan: KernelPlan) -> str:
-    """A short digest of the kernel with its dynamic sizes left out: name, and each arg's name, dtype and
-    static dims (a dynamic dim is ``?``).
-
-    Compiling one model at several sizes gives one decision per kernel and shape family; this
-    is what says they are the same kernel, so ``warm`` counts kernels as kernels.
-    """
+    """A digest of the kernel without its dynamic sizes (name; each arg's name, dtype and static dims, ``?`` for a
+    dynamic one): one kernel compiled at several sizes makes several decisions, and counts once."""
     args = [(a.name, getattr(a, "dtype", ""), [e.value if isinstance(e, Const) else "?" for e in getattr(a, "size", ())])
             for a in plan.args]
     return hashlib.sha256(json.dumps([plan.display_name, args]).encode()).hexdigest()[:16]
 
 
-def _observer(report: WarmReport, sizes: Mapping[str, int]) -> Callable[[Outcome, KernelPlan], None]:
-    def observe(outcome: Outcome, plan: KernelPlan) -> None:
-        d = outcome.decision
-        report.records.append(
-            Record(outcome.key, plan.display_name, dict(sizes), d.action, d.bounded, d.estimated_bytes,
-                   d.budget_bytes, outcome.hit, d.reason, kernel_site(plan),
-                   ", ".join(text for _, text in plan.axis_labels))
-        )
-
-    return observe
+def _record(outcome: Outcome, plan: KernelPlan, sizes: Mapping[str, int]) -> Record:
+    d = outcome.decision
+    return Record(outcome.key, plan.display_name, dict(sizes), d.action, d.bounded, d.estimated_bytes, d.budget_bytes,
+                  outcome.hit, d.reason, kernel_site(plan), ", ".join(text for _, text in plan.axis_labels))
 
 
 def select_points(shapes: tuple[ShapeRange, ...], points: int | None = None) -> list[dict[str, int]]:
     """The sizes ``warm`` compiles at, every combination over the shapes (one ``{}`` without shapes).
 
-    By default one size per shape family (bucket, ``prescreen.families``) a range reaches
-    (``families.point_of``), so the compiles cover every size in it. ``points`` instead spreads
-    that many sizes geometrically over each range (also what ``$PRESCREEN_SHAPE_BUCKETS=exact``
-    gets, 2 per range, since every size is its own family then). A bad scheme is a ConfigError.
+    By default one size per shape family (``prescreen.families`` bucket) each range reaches, so the compiles
+    cover every size in it; ``points`` (and ``$PRESCREEN_SHAPE_BUCKETS=exact``: 2) spreads that many sizes
+    geometrically over each range instead.
     """
     if not shapes:
         return [{}]
@@ -191,11 +172,9 @@ def families_covered(grid: list[dict[str, int]]) -> int:
     return len({tuple((k, scheme.bucket(v)) for k, v in sorted(sizes.items())) for sizes in grid})
 
 
-#: The functions of ``torch._inductor.select_algorithm`` that print autotune tables and choice statistics on
-#: stderr, by the Inductor setting that governs each. ``warm`` holds them back unless ``verbose`` or the caller
-#: gives that setting. It does not set the settings themselves: Inductor's config is part of its FX graph and
-#: AOTAutograd cache keys, so a quieter config would fill torch's caches (and an ``--artifact``) under keys that
-#: no replica, and no later process with the default config, ever computes.
+#: The ``torch._inductor.select_algorithm`` functions that print autotune tables and choice statistics, by the
+#: Inductor setting that governs each. ``warm`` silences the functions, not the settings: Inductor's config is
+#: part of torch's cache keys, so a quieter config would fill torch's caches under keys no replica computes.
 QUIET_AUTOTUNE: dict[str, str] = {
     "autotune_num_choices_displayed": "AlgorithmSelectorCache.log_results",
     "max_autotune_report_choices_stats": "_log_autotune_choices_stats",
@@ -230,19 +209,13 @@ def _autotune_output_held(settings: Mapping[str, Any], verbose: bool) -> Iterato
             setattr(owner, attr, original)
 
 
-class _DecisionLines(logging.Filter):
+@contextlib.contextmanager
+def _decision_lines_held() -> Iterator[None]:
     """Drops the hooks' per-decision diagnostics (``state.log_once``): warm's table shows each decision."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
+    def drop(record: logging.LogRecord) -> bool:
         return record.funcName != "log_once"
 
-
-@contextlib.contextmanager
-def _decision_lines_held(hold: bool) -> Iterator[None]:
-    if not hold:
-        yield
-        return
-    hooks_log, drop = logging.getLogger("prescreen.hooks"), _DecisionLines()
+    hooks_log = logging.getLogger("prescreen.hooks")
     hooks_log.addFilter(drop)
     try:
         yield
@@ -264,14 +237,11 @@ def why_nothing_was_guarded(device: str, mode: str, settings: Mapping[str, Any])
     return hints
 
 
-#: Inductor's counters that say torch's caches answered a compile (so nothing was lowered, nothing decided).
-CACHE_HIT_COUNTERS = (("inductor", "fxgraph_cache_hit"), ("aot_autograd", "autograd_cache_hit"))
-
-
 def _cache_hits() -> int:
+    """How many compiles torch's FX graph and AOTAutograd caches have answered (nothing lowered, nothing decided)."""
     from torch._dynamo.utils import counters
 
-    return sum(int(counters[group][name]) for group, name in CACHE_HIT_COUNTERS)
+    return int(counters["inductor"]["fxgraph_cache_hit"]) + int(counters["aot_autograd"]["autograd_cache_hit"])
 
 
 @contextlib.contextmanager
@@ -280,10 +250,8 @@ def _torch_caches_bypassed() -> Iterator[None]:
     from torch._functorch import config as functorch_config
     from torch._inductor import config as inductor_config
 
-    inductor_off = {k: False for k in ("fx_graph_cache", "fx_graph_remote_cache") if hasattr(inductor_config, k)}
-    aot_off = {k: False for k in ("enable_autograd_cache", "enable_remote_autograd_cache")
-               if hasattr(functorch_config, k)}
-    with inductor_config.patch(inductor_off), functorch_config.patch(aot_off):
+    with inductor_config.patch(fx_graph_cache=False, fx_graph_remote_cache=False), \
+            functorch_config.patch(enable_autograd_cache=False, enable_remote_autograd_cache=False):
         yield
 
 
@@ -293,12 +261,8 @@ class _Planned(Exception):
 
 
 @contextlib.contextmanager
-def _codegen_skipped(skip: bool) -> Iterator[None]:
-    """With ``skip``, a compile stops where its kernels would be generated and compiled (most of a compile's
-    time once nothing is benchmarked), so a plan-only warm pays for lowering and scheduling alone."""
-    if not skip:
-        yield
-        return
+def _codegen_skipped() -> Iterator[None]:
+    """A compile stops where its kernels would be generated (most of its time once nothing is benchmarked)."""
     from torch._inductor.scheduler import Scheduler
 
     original = Scheduler.codegen
@@ -313,18 +277,14 @@ def _codegen_skipped(skip: bool) -> Iterator[None]:
         Scheduler.codegen = original  # type: ignore[method-assign]
 
 
-def _stopped_by_plan(exc: BaseException) -> bool:
-    """Whether ``exc`` is ``_Planned``, however torch wrapped it (cause, context, ``inner_exception``)."""
-    seen: list[BaseException] = []
-    todo: list[BaseException | None] = [exc]
-    while todo and len(seen) < 32:
-        cur = todo.pop()
-        if cur is None or any(cur is s for s in seen):
-            continue
-        if isinstance(cur, _Planned):
+def _stopped_by_plan(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is ``_Planned``, however torch wrapped it (``inner_exception``, cause, context)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, _Planned):
             return True
-        seen.append(cur)
-        todo.extend([cur.__cause__, cur.__context__, getattr(cur, "inner_exception", None)])
+        seen.add(id(exc))
+        exc = getattr(exc, "inner_exception", None) or exc.__cause__ or exc.__context__
     return False
 
 
@@ -337,7 +297,7 @@ def _compile_point(fn: Callable[..., Any], sizes: dict[str, int], device: str, m
     torch._dynamo.reset()
     compiled = torch.compile(model, dynamic=True, mode=mode)
     try:
-        with torch.no_grad(), families.naming(sizes), _codegen_skipped(plan_only):
+        with torch.no_grad(), families.naming(sizes), _codegen_skipped() if plan_only else contextlib.nullcontext():
             compiled(*inputs)  # type: ignore[no-untyped-call]
     except Exception as exc:
         if not (plan_only and _stopped_by_plan(exc)):
@@ -357,28 +317,18 @@ def warm_model(
     dry_run: bool = False,
     inductor_config: Mapping[str, Any] | None = None,
     verbose: bool = False,
-    progress: Callable[[int, int, dict[str, int]], None] | None = None,
+    progress: Progress | None = None,
     plan_only: bool = False,
     artifact: str | None = None,
 ) -> WarmReport:
-    """Compile ``target`` once per shape point (fresh each time) with the hooks on.
+    """Compile ``target`` once per shape point (fresh each time) with the hooks on (docs/torch-caches.md).
 
-    Torch's caches stay at their defaults, so the warm fills them for deployment too. Their keys do not
-    hold size hints: a compile at another family's sizes is answered by the first one's FX graph and
-    lowers nothing, so prescreen would decide nothing for that family. A compile the FX graph or
-    AOTAutograd cache answered is therefore lowered once more with those two caches bypassed (neither
-    read nor written), and counted in ``cache_answered``.
-
-    ``plan_only``: every compile-time step (algorithm selection, epilogue fusion) decides as usual but
-    benchmarks nothing, and the compile stops before its kernels are generated (``_codegen_skipped``);
-    torch's caches are off, so nothing of it is kept. Runtime autotuning is decided at a kernel's first
-    call, on its real arguments, so a plan-only warm does not cover it.
-
-    ``artifact``: at the end, write one file for deployment (``prescreen.artifact``) holding torch's
-    mega-cache (``torch.compiler.save_cache_artifacts()``: every compile of this process so far) and
-    the stored decisions this warm saw.
-
-    A target that raises, or a compile that fails, is a ``ConfigError`` naming the sizes and the cause.
+    torch's caches keep their defaults, so the warm fills them for deployment too. Their keys hold no size
+    hints, so a compile they answered decided nothing: it is lowered once more with them bypassed
+    (``cache_answered``). ``plan_only`` benchmarks nothing and stops each compile before code generation
+    (torch's caches off; runtime autotuning, decided at a kernel's first call, is not covered). ``artifact``
+    writes torch's mega-cache and the decisions this warm saw to one file. A failing target or compile is a
+    ``ConfigError`` naming the sizes and the cause.
     """
     from torch._inductor import config as inductor_settings
 
@@ -387,60 +337,58 @@ def warm_model(
     resolve_ratio(ratio)  # a bad ratio is an error before any compile
     check_device(device)
     if artifact is not None:
-        _check_artifact(artifact, dry_run, plan_only)
+        if dry_run:
+            raise ConfigError("--artifact needs the decisions stored: it does not go with --dry-run")
+        if plan_only:
+            raise ConfigError("--artifact holds the compiles' torch caches, and --plan-only keeps none")
+        prescreen_artifact.check_writable(artifact)
     fn = load_target(target)
-    used = ReadOnlyStore(store) if dry_run else store
-    report = WarmReport(dry_run=dry_run, store=store.location)
     grid = select_points(shapes, points)
     check_fits(fn, grid, device)  # a range too large for the device is refused before anything is built
-    report.families = families_covered(grid) if shapes else 0
-    settings = dict(inductor_config or {})
-    if plan_only:
-        settings["force_disable_caches"] = True
-    report.plan_only = plan_only
+    report = WarmReport(dry_run=dry_run, store=store.location, plan_only=plan_only,
+                        families=families_covered(grid) if shapes else 0)
+    settings = {**(inductor_config or {}), **({"force_disable_caches": True} if plan_only else {})}
+    sizes: dict[str, int] = {}  # the point being compiled: the observer reads it
+
+    def observe(outcome: Outcome, plan: KernelPlan) -> None:
+        report.records.append(_record(outcome, plan, sizes))
+
     start = time.perf_counter()
     was_active = activation.is_installed()
-    activation.install(store=used, device_memory=device_memory, ratio=ratio)
+    activation.install(store=ReadOnlyStore(store) if dry_run else store, device_memory=device_memory, ratio=ratio)
+    OBSERVERS.append(observe)
     try:
-        with inductor_settings.patch(settings), warnings.catch_warnings(), _decision_lines_held(not verbose), \
-                _autotune_output_held(settings, verbose), state.planning(plan_only):
+        with inductor_settings.patch(settings), warnings.catch_warnings(), state.planning(plan_only), \
+                contextlib.nullcontext() if verbose else _decision_lines_held(), \
+                _autotune_output_held(settings, verbose):
             if not verbose:
                 warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.")
             for i, sizes in enumerate(grid):
                 if progress:
                     progress(i, len(grid), sizes)
-                observer = _observer(report, sizes)
-                OBSERVERS.append(observer)
-                seen = len(report.records)
+                seen, hits = len(report.records), _cache_hits()
                 try:
-                    hits = _cache_hits()
-                    try:
-                        _compile_point(fn, sizes, device, mode, plan_only)
-                    except Exception as exc:
-                        if _cache_hits() == hits:
-                            raise
-                        # A graph torch's caches gave for other sizes failed at these: lowered again below.
-                        logging.getLogger("prescreen").warning(
-                            "prescreen: torch's FX graph cache answered the compile at %s with a graph that failed "
-                            "(%s); compiling it again without the cache", sizes, str(exc).splitlines()[0][:200])
-                    report.compiles += 1
-                    if _cache_hits() > hits:  # torch's caches answered: lower again, to decide this family
-                        report.cache_answered += 1
-                        with _torch_caches_bypassed():
-                            _compile_point(fn, sizes, device, mode)
-                    report.decided_families += len(report.records) > seen
-                except ConfigError:
-                    raise
+                    _compile_point(fn, sizes, device, mode, plan_only)
                 except Exception as exc:
-                    at = ", ".join(f"{k}={v}" for k, v in sizes.items()) or "its example inputs"
-                    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-                    raise ConfigError(f"compiling {target} at {at} failed: {type(exc).__name__}: "
-                                      f"{lines[0] if lines else '(no message)'}") from None
-                finally:
-                    OBSERVERS.remove(observer)
-        if progress:
-            progress(len(grid), len(grid), {})
+                    if _cache_hits() == hits:
+                        raise
+                    # A graph torch's caches gave for other sizes failed at these: lowered again below.
+                    logging.getLogger("prescreen").warning(
+                        "prescreen: torch's FX graph cache answered the compile at %s with a graph that failed "
+                        "(%s); compiling it again without the cache", sizes, str(exc).splitlines()[0][:200])
+                report.compiles += 1
+                if _cache_hits() > hits:  # torch's caches answered: lower again, to decide this family
+                    report.cache_answered += 1
+                    with _torch_caches_bypassed():
+                        _compile_point(fn, sizes, device, mode)
+                report.decided_families += len(report.records) > seen
+    except ConfigError:
+        raise
+    except Exception as exc:
+        at = ", ".join(f"{k}={v}" for k, v in sizes.items()) or "its example inputs"
+        raise ConfigError(f"compiling {target} at {at} failed: {type(exc).__name__}: {first_line(exc)}") from None
     finally:
+        OBSERVERS.remove(observe)
         state.reset()
         if not was_active:
             activation.uninstall()
@@ -448,25 +396,12 @@ def warm_model(
     if report.compiles and not report.records:
         report.hints = why_nothing_was_guarded(device, mode, settings)
     if artifact is not None:
-        report.artifact = _write_artifact(artifact, store, report)
+        import torch
+
+        saved = torch.compiler.save_cache_artifacts()  # every compile of this process so far
+        report.artifact = prescreen_artifact.save(artifact, store, [r.key for r in report.records],
+                                                  saved[0] if saved else None)
     return report
-
-
-def _check_artifact(path: str, dry_run: bool, plan_only: bool) -> None:
-    """An artifact this warm could not fill is an error before any compile."""
-    if dry_run:
-        raise ConfigError("--artifact needs the decisions stored: it does not go with --dry-run")
-    if plan_only:
-        raise ConfigError("--artifact holds the compiles' torch caches, and --plan-only keeps none")
-    prescreen_artifact.check_writable(path)
-
-
-def _write_artifact(path: str, store: Store, report: WarmReport) -> prescreen_artifact.Saved:
-    """torch's mega-cache and the decisions the warm saw (``report.records``' keys), in one file."""
-    import torch
-
-    saved = torch.compiler.save_cache_artifacts()
-    return prescreen_artifact.save(path, store, [r.key for r in report.records], saved[0] if saved else None)
 
 
 def load_plans(path: str | Path) -> list[KernelPlan]:
@@ -499,24 +434,14 @@ def load_plans(path: str | Path) -> list[KernelPlan]:
     return plans
 
 
-def warm_plans(
-    plans: list[KernelPlan], store: Store, budget: Budget, *, dry_run: bool = False,
-    progress: Callable[[int, int, dict[str, int]], None] | None = None,
-) -> WarmReport:
+def warm_plans(plans: list[KernelPlan], store: Store, budget: Budget, *, dry_run: bool = False,
+               progress: Progress | None = None) -> WarmReport:
     """Decide exported plans directly, without a model."""
-    used = ReadOnlyStore(store) if dry_run else store
     report = WarmReport(dry_run=dry_run, store=store.location)
     start = time.perf_counter()
-    observer = _observer(report, {})
-    OBSERVERS.append(observer)
-    try:
-        for i, plan in enumerate(plans):
-            if progress:
-                progress(i, len(plans), {})
-            lookup_or_decide(plan, budget, used)
+    for i, plan in enumerate(plans):
         if progress:
-            progress(len(plans), len(plans), {})
-    finally:
-        OBSERVERS.remove(observer)
+            progress(i, len(plans), {})
+        report.records.append(_record(lookup_or_decide(plan, budget, store, write=not dry_run), plan, {}))
     report.seconds = time.perf_counter() - start
     return report

@@ -8,6 +8,7 @@ cache keeps. The refusals use artifacts built here, and the real one where torch
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -79,7 +80,7 @@ def rezip(path: Path, parts: dict[str, bytes], manifest: dict[str, Any] | bytes 
     with the right sizes and hashes (the format's own fields taken from the artifact's)."""
     if manifest is None or isinstance(manifest, dict):
         fields = dict(manifest or {})
-        fields.setdefault("members", {n: {"bytes": len(d), "sha256": artifact._sha256(d)} for n, d in parts.items()
+        fields.setdefault("members", {n: {"bytes": len(d), "sha256": hashlib.sha256(d).hexdigest()} for n, d in parts.items()
                                       if n != artifact.MANIFEST})
         manifest = json.dumps(fields).encode()
     with zipfile.ZipFile(path, "w", compression) as zf, warnings.catch_warnings():
@@ -144,7 +145,7 @@ def test_save_writes_the_known_members_and_a_manifest(tmp_path: Path) -> None:
         "prescreen-artifact", 1, torch.__version__)
     assert manifest["decisions"] == 2 and isinstance(manifest["created_at"], str)
     for name in (artifact.DECISIONS, artifact.TORCH):
-        assert manifest["members"][name] == {"bytes": len(parts[name]), "sha256": artifact._sha256(parts[name])}
+        assert manifest["members"][name] == {"bytes": len(parts[name]), "sha256": hashlib.sha256(parts[name]).hexdigest()}
     bundle = json.loads(parts[artifact.DECISIONS])
     assert [e["key"] for e in bundle["entries"]] == sorted([entries[0].key, entries[2].key])
 

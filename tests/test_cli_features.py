@@ -264,11 +264,10 @@ def test_warm_holds_the_hooks_decision_lines(caplog: pytest.LogCaptureFixture) -
     from prescreen.warm import _decision_lines_held
 
     with caplog.at_level(logging.INFO, logger="prescreen.hooks"):
-        with _decision_lines_held(True):
+        with _decision_lines_held():
             state.log_once("test-held-1", logging.WARNING, "prescreen: decision %s", 1)
             logging.getLogger("prescreen.hooks").warning("prescreen: guard not installed")
-        with _decision_lines_held(False):
-            state.log_once("test-held-2", logging.WARNING, "prescreen: decision %s", 2)
+        state.log_once("test-held-2", logging.WARNING, "prescreen: decision %s", 2)  # shown again afterwards
     assert [r.getMessage() for r in caplog.records if r.name == "prescreen.hooks"] == [
         "prescreen: guard not installed", "prescreen: decision 2"]
 

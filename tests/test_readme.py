@@ -176,7 +176,7 @@ def test_toml_block_is_a_valid_warm_spec(block: Block, tmp_path: Path) -> None:
     spec = tmp_path / "warm.toml"
     spec.write_text(block.body)
     loaded = load_spec(spec)
-    assert loaded.target and loaded.shapes
+    assert loaded["target"] and loaded["shapes"]
 
 
 def test_the_demo_falls_back_where_the_readme_says() -> None:

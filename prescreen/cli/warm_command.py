@@ -21,7 +21,6 @@ from prescreen.errors import ConfigError
 if TYPE_CHECKING:  # pragma: no cover
     from rich.table import Table
 
-    from prescreen.cli import StoreOpener
     from prescreen.target import ShapeRange
     from prescreen.warm import WarmReport
 
@@ -71,11 +70,10 @@ def _shape(value: str | ShapeRange, where: str) -> ShapeRange:
 def _use_spec(ctx: click.Context, param: click.Parameter, path: str | None) -> str | None:
     """``--spec`` (eager): the file's settings become the defaults of warm's other parameters."""
     if path:
-        from prescreen.target import SPEC_KEYS, load_spec
+        from prescreen.target import load_spec
 
-        spec = load_spec(path)
-        ctx.meta[SPEC] = spec.path
-        ctx.default_map = {k: getattr(spec, k) for k in SPEC_KEYS if getattr(spec, k) not in (None, ())}
+        ctx.meta[SPEC] = path
+        ctx.default_map = {k: v for k, v in load_spec(path).items() if v != ()}
     return path
 
 
@@ -138,27 +136,31 @@ def warm(ctx: click.Context, target: str | None, shapes: tuple[ShapeRange, ...],
         raise ConfigError("--artifact applies to a model warm (it holds the compiles' torch caches), not to --plans")
     if plans and plan_only:
         raise ConfigError("--plan-only applies to a model warm (--plans already decides without compiling)")
-    if plan_only and artifact:
-        raise ConfigError("--plan-only benchmarks nothing and keeps no compile, so it has no --artifact to write")
+    memory = memory_override(device_memory)  # $PRESCREEN_DEVICE_MEMORY checked (the hooks would only warn)
+    if not target and not plans:
+        raise ConfigError("missing TARGET (module:callable or file.py:callable), --spec or --plans")
+    from prescreen import warm as warming
+
     if plans:
-        memory = memory_override(device_memory)
         if memory is None:
             raise ConfigError("--plans needs --device-memory or PRESCREEN_DEVICE_MEMORY (the fleet's device memory, "
                               "e.g. 64GiB)")
-        _warm_plans(ctx.obj, plans, memory, ratio, device_kind, dry_run, as_json)
-        return
-    if not target:
-        raise ConfigError("missing TARGET (module:callable or file.py:callable), --spec or --plans")
-    from prescreen.target import parse_inductor_config
-    from prescreen.warm import warm_model
+        from prescreen.budget import Budget
 
-    memory_override(device_memory)  # $PRESCREEN_DEVICE_MEMORY checked (the hooks would only warn)
-    overrides = parse_inductor_config(config_items)
-    store = ctx.obj.store()
-    with _progress() as tick:
-        report = warm_model(target, shapes, store, device=device, device_memory=device_memory, ratio=ratio,
-                            mode=mode, points=points, dry_run=dry_run, inductor_config=overrides, verbose=verbose,
-                            progress=tick, artifact=artifact, plan_only=plan_only)
+        loaded = warming.load_plans(plans)
+        with _progress() as tick:
+            report = warming.warm_plans(loaded, ctx.obj.store(), Budget(device_kind, memory, ratio), dry_run=dry_run,
+                                        progress=tick)
+    else:
+        from prescreen.target import parse_inductor_config
+
+        overrides = parse_inductor_config(config_items)
+        store = ctx.obj.store()
+        with _progress() as tick:
+            report = warming.warm_model(str(target), shapes, store, device=device, device_memory=device_memory,
+                                        ratio=ratio, mode=mode, points=points, dry_run=dry_run,
+                                        inductor_config=overrides, verbose=verbose, progress=tick, artifact=artifact,
+                                        plan_only=plan_only)
     _print_report(report, as_json)
 
 
@@ -203,18 +205,6 @@ def _progress() -> Iterator[Callable[[int, int, dict[str, int]], None]]:
             bar.update(task, completed=done, total=total, description=f"warming {label}".strip())
 
         yield tick
-
-
-def _warm_plans(obj: StoreOpener, path: str, memory: int, ratio: float, kind: str, dry_run: bool,
-                as_json: bool) -> None:
-    from prescreen.budget import Budget
-    from prescreen.warm import load_plans, warm_plans
-
-    loaded = load_plans(path)
-    store = obj.store()
-    with _progress() as tick:
-        report = warm_plans(loaded, store, Budget(kind, memory, ratio), dry_run=dry_run, progress=tick)
-    _print_report(report, as_json)
 
 
 def _print_report(report: WarmReport, as_json: bool) -> None:
