@@ -1,8 +1,6 @@
 """prescreen: ahead-of-time pre-screening of Inductor autotune benchmark footprints.
 
-The public names are loaded on first use (PEP 562), so ``import prescreen`` and
-its entry points (the ``import torch`` hook, the CLI's ``--help``) cost only
-the standard library until something is actually asked for.
+Public names load on first use (PEP 562): ``import prescreen`` and its entry points cost only the stdlib.
 """
 
 from __future__ import annotations

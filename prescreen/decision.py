@@ -127,16 +127,6 @@ def is_observed_oom(d: Decision) -> bool:
     return d.action == "fallback" and d.reason.startswith(Reason.OBSERVED_OOM.value)
 
 
-def describe_dominant(arg: ArgFootprint | None) -> str:
-    """The dominant-arg text of upstream's diagnostic."""
-    if arg is None:
-        return "none"
-    return (
-        f"group_id={arg.group_id} arg={arg.name} kind={arg.kind} size={arg.size} "
-        f"stride={arg.stride} dtype={arg.dtype} bytes={arg.num_bytes}"
-    )
-
-
 def _subject(plan: KernelPlan) -> str:
     """Upstream's wording for grouped plans; plain for single-group selections."""
     return "grouped benchmark footprint" if plan.group_features else "benchmark footprint"
@@ -147,10 +137,14 @@ def _from_footprint(plan: KernelPlan, budget: Budget, fp: Footprint) -> Decision
     if fits:
         reason = f"estimated_bytes={fp.total_bytes} <= budget_bytes={budget.budget_bytes}"
     else:
+        arg = fp.dominant_arg  # upstream's diagnostic names it
+        dominant = "none" if arg is None else (f"group_id={arg.group_id} arg={arg.name} kind={arg.kind} "
+                                               f"size={arg.size} stride={arg.stride} dtype={arg.dtype} "
+                                               f"bytes={arg.num_bytes}")
         reason = (
             f"{_subject(plan)} exceeds budget: "
             f"estimated_bytes={fp.total_bytes} budget_bytes={budget.budget_bytes} ratio={budget.ratio} "
-            f"largest_group_id={fp.largest_group_id} dominant=({describe_dominant(fp.dominant_arg)})"
+            f"largest_group_id={fp.largest_group_id} dominant=({dominant})"
         )
     return Decision(
         action="tune" if fits else "fallback",

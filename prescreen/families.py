@@ -1,24 +1,11 @@
 """Shape families of Inductor selections: one bucket of size hints per dynamic symbol.
 
-An algorithm selection's benchmark synthesizes its inputs at the size hints of
-its symbols, so keying a decision by the exact hint would make every new batch
-size a miss. Instead each dynamic symbol's hint is put in a bucket, ``(low,
-high]``, and the decision is estimated at ``high`` (the largest hint in the
-bucket, so it never undercounts any hint inside it, as every size and stride
-expression the estimator accepts grows with its symbols) and keyed by it.
-
-Buckets (``$PRESCREEN_SHAPE_BUCKETS``):
-
-* ``pow2`` (the default): ``(2**k, 2**(k+1)]``, i.e. 1, 2, (2, 4], (4, 8], ...;
-* ``exact``: every hint is its own bucket (the decision is made at the hint);
-* ``B1,B2,...,Bn`` (strictly ascending whole numbers): ``(0, B1]``, ``(B1, B2]``,
-  ... and above ``Bn`` power-of-two buckets again, cut at ``Bn``.
-
-A symbol's value range, when the ShapeEnv knows one (``mark_dynamic(..., min=,
-max=)``, or the ``>= 2`` Dynamo assumes), clamps its bucket: the estimate is
-made at ``min(high, range max)``. Hints below 1 (a zero-size dim) are exact.
-
-This module imports neither torch nor sympy; the hooks and ``warm`` call it.
+Keying a decision by the exact hint would make every new batch size a miss, so each dynamic symbol's hint
+is put in a bucket ``(low, high]`` and the decision is estimated and keyed at ``high``: every expression the
+estimator accepts grows with its symbols, so ``high`` never undercounts a hint inside the bucket.
+``$PRESCREEN_SHAPE_BUCKETS`` is ``pow2`` (default: 1, 2, (2, 4], (4, 8], ...), ``exact``, or ascending
+bounds ``B1,...,Bn`` (then powers of two above ``Bn``). A symbol's ShapeEnv value range clamps its bucket;
+hints below 1 are exact. Imports neither torch nor sympy.
 """
 
 from __future__ import annotations
@@ -134,10 +121,8 @@ def scheme_from_env(environ: Mapping[str, str] | None = None) -> Scheme:
 
 
 def active_scheme() -> Scheme:
-    """The scheme for a compile: a bad ``$PRESCREEN_SHAPE_BUCKETS`` warns once and gives the default.
-
-    A bad setting must not leave a compile unguarded, and the default never undercounts.
-    """
+    """The scheme for a compile: a bad ``$PRESCREEN_SHAPE_BUCKETS`` warns once and gives the default (a bad
+    setting must not leave a compile unguarded)."""
     try:
         return scheme_from_env()
     except ConfigError as exc:
@@ -173,11 +158,8 @@ def _as_int(value: object) -> int | None:
 
 
 def symbol_range(shape_env: Any, symbol: Any) -> tuple[int | None, int | None]:
-    """The ShapeEnv's value range of ``symbol`` as (lower, upper), None where unknown or infinite.
-
-    ``ShapeEnv.bound_sympy`` where it exists (torch 2.11 to 2.14 have it), else
-    ``var_to_range``; anything else (no ShapeEnv, another layout) is no bound.
-    """
+    """The ShapeEnv's value range of ``symbol`` as (lower, upper), None where unknown or infinite
+    (``bound_sympy``, else ``var_to_range``; anything else is no bound)."""
     if shape_env is None:
         return None, None
     found: Any = None
@@ -221,9 +203,7 @@ def name_for(hint: int) -> str | None:
 def point_of(bucket: Bucket, index: int = 0) -> int:
     """The size ``warm`` compiles a bucket at, for its ``index``-th shape: any size in it gives the same key.
 
-    Not the bound itself where the bucket has room: Dynamo gives a size equal to another dim of
-    the model one symbol (duck sizing), and a power of two is what model dims usually are (a
-    batch of 64 beside 64 features is specialized to a static 64). ``index`` keeps the shapes of
-    one compile apart for the same reason: ``high - 1 - index``, within the bucket.
+    ``high - 1 - index``, not the power-of-two bound: Dynamo's duck sizing would merge a size equal to a
+    model dim (a batch of 64 beside 64 features) with it, and ``index`` keeps one compile's shapes apart.
     """
     return max(bucket.high - 1 - index, bucket.low + 1)

@@ -50,15 +50,7 @@ class ArgFootprint:
             v = d[key]
             if v.__class__ is not list or not set(map(type, v)) <= {int}:
                 raise ValueError(f"dominant_arg.{key} must be a list of ints, got {v!r}")
-        return ArgFootprint(
-            group_id=d["group_id"],
-            name=d["name"],
-            kind=d["kind"],
-            dtype=d["dtype"],
-            size=tuple(d["size"]),
-            stride=tuple(d["stride"]),
-            num_bytes=d["num_bytes"],
-        )
+        return ArgFootprint(**{**d, "size": tuple(d["size"]), "stride": tuple(d["stride"])})
 
 
 _ARG_FIELDS = frozenset(f.name for f in dataclasses.fields(ArgFootprint))
@@ -137,12 +129,8 @@ def _benchmark_args(plan: KernelPlan) -> list[TensorArg | WorkspaceArg]:
 
 
 def reference_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
-    """The plain loop, group by group and argument by argument (torch_npu's algorithm).
-
-    ``estimate_footprint`` gives exactly this result (or raises exactly this
-    error); this loop is its specification, and runs itself on small plans and on
-    representatives whose groups are not a grid.
-    """
+    """The plain loop, group by group and argument by argument (torch_npu's algorithm): the specification
+    ``estimate_footprint`` equals, result and error alike."""
     mutated = set(plan.mutated_arg_names)
     args = _benchmark_args(plan)
     synthetic = peak_clone = 0
@@ -171,16 +159,10 @@ def reference_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
 
 # --- The vectorized estimator --------------------------------------------------------------------
 #
-# Every axis value of a group is set by at most one feature (or is the same in
-# every group), so an argument's bytes depend only on the features its axes
-# belong to. Each expression is evaluated once over those features' choices,
-# as a numpy array shaped like the group grid with length 1 along every other
-# feature; numpy broadcasting then adds the arguments up into per-group totals.
-# Where some group fails (a zero denominator, a negative size), the first such
-# group in group order is evaluated again the plain way, which raises exactly
-# the plain loop's error. Numbers stay exact: int64 is used only when an upper
-# bound of every intermediate value, and of the sum over all groups, fits;
-# otherwise the same code runs on arrays of Python ints (dtype=object).
+# Every axis value is set by at most one feature, so each expression is evaluated once as a numpy array
+# shaped like the group grid (length 1 along features it does not use) and broadcasting adds the arguments
+# up per group. The first failing group is evaluated again the plain way, raising the loop's exact error.
+# int64 is used only where a bound of every intermediate value and of the total fits; else Python ints.
 
 _INT64_LIMIT = 2**62
 #: Plans of at most this many group x argument evaluations take the plain loop, larger ones numpy
@@ -438,10 +420,8 @@ class _Distinct:
 def estimate_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
     """Estimate the bytes the grouped autotune benchmark synthesizes; fails closed.
 
-    Exactly ``reference_footprint``'s result or error (first failure, dominant
-    argument and every tie included). Up to ``LOOP_MAX`` group x argument
-    evaluations that loop runs itself; above, numpy evaluates each expression
-    once over all groups (see above), which pays for its fixed cost there.
+    Exactly ``reference_footprint``'s result or error, ties included: that loop up to ``LOOP_MAX`` group x
+    argument evaluations, numpy above (where its fixed cost pays).
     """
     groups, grid = reps.groups, reps.grid
     args = _benchmark_args(plan)

@@ -12,9 +12,7 @@ from prescreen.decision import ESTIMATOR_VERSION
 from prescreen.plan import KernelPlan, canonical_json
 
 #: Bumped whenever the stored entry layout changes.
-SCHEMA_VERSION = 5  # 2: the plan is one JSON string field of the entry; 3: the plan is the stored text's second line;
-# 4: the decision's per-group bytes and dominant argument on a line of their own, between the head and the plan;
-# 5: the key parts, kernel, family, provenance and hits on a record line of their own, after the details
+SCHEMA_VERSION = 5
 
 
 @functools.cache
@@ -24,13 +22,8 @@ def library_versions() -> tuple[tuple[str, str], ...]:
 
 
 def _version(dist: str) -> str:
-    """``importlib.metadata.version(dist)``, read from the metadata's header lines only.
-
-    ``metadata.version`` parses the whole METADATA file (torch's long description
-    included) with the email parser: 2 to 200 ms in a process's first lookup,
-    inside its first compile. The ``Version:`` header comes before the first
-    blank line.
-    """
+    """``importlib.metadata.version(dist)`` from the header lines only: the full email parse of torch's
+    METADATA takes 2 to 200 ms, inside a process's first compile."""
     try:
         found = metadata.distribution(dist)
     except metadata.PackageNotFoundError:
