@@ -1,46 +1,42 @@
 """Guard torch_npu's symbolic grouped autotune with the shared decision store.
 
 Wraps ``NPUIndexTritonKernel._disable_grouped_autotune_if_benchmark_too_large``
-(``torch_npu._inductor.codegen.triton``, torch-npu 2.14). The wrapper builds a
-plan from ``inductor_meta``, looks the decision up by key (computing and storing
-it on a miss) and applies it as upstream does: a fallback calls the kernel's own
-``_disable_grouped_autotune(inductor_meta, reason)``, after which upstream's
-codegen records ``enable_auto_blockify`` for dynamic kernels.
+(torch-npu 2.14 codegen): the decision for the plan in ``inductor_meta`` is
+looked up (computed and stored on a miss) and a fallback is applied as upstream
+applies it, through the kernel's ``_disable_grouped_autotune``. Never weaker than
+torch_npu: the budget is read from the objects the original reads, and
+prescreen's overrides can only lower it. Anything prescreen cannot mirror exactly
+(grouping code that is not torch-npu 2.14.0's, a config value upstream would
+refuse, any error) calls the original instead.
 
-Never weaker than torch_npu: the budget is read from the same objects the
-original method reads (its module's ``npu_config`` ratio and
-``torch.npu.get_device_properties(device).total_memory``), and prescreen's own
-ratio or device memory can only lower it. Anything prescreen cannot mirror
-exactly (grouping code other than the torch-npu 2.14.0 code it mirrors, whatever
-version the build reports: see ``prescreen.semantics``; a config value upstream
-would not accept; a payload upstream would read differently; any error) calls the
-original method instead.
-
-Also wraps ``NPUSymbolicGroupedAutotuner._autotune_all_groups``
-(``torch_npu._inductor.runtime.triton_heuristics``), the grouped benchmark run at
-a kernel's first call: on an out-of-memory error it releases the failed step's
-memory, stores ``observed_oom`` under the codegen key and finishes the step with
-each group's first compiled, runnable candidate, unbenchmarked
-(:func:`first_config_choices`); where it cannot mirror torch-npu 2.14 there, the
-error propagates as before.
+Also wraps ``NPUSymbolicGroupedAutotuner._autotune_all_groups``, the grouped
+benchmark at a kernel's first call: on an out-of-memory error it stores
+``observed_oom`` under the codegen key and finishes the step with each group's
+first runnable candidate, unbenchmarked; where it cannot mirror torch-npu 2.14
+there, the error propagates as before.
 """
 
 from __future__ import annotations
 
+import ast
+import copy
 import functools
+import hashlib
 import inspect
+import linecache
 import logging
 import math
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
 from prescreen.budget import Budget
 from prescreen.hooks import state
 from prescreen.plan import KernelPlan
-from prescreen.semantics import GROUPING_MODULE, installed_npu_version, why_not_mirrored
-from prescreen.service import lookup_or_decide
+from prescreen.service import lookup_or_decide, record_observed_oom
 
 log = logging.getLogger("prescreen.hooks")
 
@@ -48,8 +44,15 @@ NPU_MODULE = "torch_npu._inductor.codegen.triton"
 NPU_CLASS = "NPUIndexTritonKernel"
 GUARD_METHOD = "_disable_grouped_autotune_if_benchmark_too_large"
 DISABLE_METHOD = "_disable_grouped_autotune"
+RUNTIME_MODULE = "torch_npu._inductor.runtime.triton_heuristics"
+RUNTIME_CLASS = "NPUSymbolicGroupedAutotuner"
+RUNTIME_METHOD = "_autotune_all_groups"
+#: The grouped autotuner's setter of one group's winner (torch-npu 2.14), called for each fallback choice.
+SET_WINNER_METHOD = "_set_group_best_candidate"
+CONFIG_MODULE = "torch_npu._inductor.config"
 #: The attribute of torch_npu's Inductor config the original method reads.
 RATIO_ATTR = "symbolic_group_max_benchmark_memory_ratio"
+#: Where a wrapped method keeps torch_npu's original.
 _ORIGINAL_ATTR = "_prescreen_original_guard"
 
 
@@ -57,17 +60,210 @@ class Defer(Exception):
     """prescreen cannot mirror torch_npu here; the original method decides."""
 
 
-def _upstream_globals(original: Callable[..., Any]) -> Mapping[str, Any]:
-    """The module globals torch_npu's method reads (not copied: this runs at every decision)."""
-    names: Mapping[str, Any] = getattr(inspect.unwrap(original), "__globals__", None) or {}
-    return names
+# --- is the grouping code torch_npu calls the torch-npu 2.14.0 code prescreen mirrors? ---------------------
+#
+# A version says nothing about the code: Ascend's master rounds a closed bucket of a product with static axes
+# down where 2.14.0 rounds up (and drops a bucket no value reaches), while a source build of it still calls
+# itself 2.14.0 (``2.14.0+git<sha>``, or no distribution metadata at all). So the functions the guard calls
+# (read from its module globals) are prescreen's only where each mirrored definition parses to 2.14.0's syntax
+# tree (layout and comments aside), they answer a probe plan that 2.14.0 and master solve differently as 2.14.0
+# does, and an installed distribution, if any, is of the 2.14 series. The torch_npu version is part of every
+# key too, so entries made under one build are never reused under another.
+
+MIRRORED_RELEASE = "2.14.0"
+MIRRORED_SERIES = "2.14"
+GROUPING_MODULE = "torch_npu._inductor.runtime.symbolic_grouping"
+#: The functions the guard calls, and the module's functions and classes they use.
+ENTRY_NAMES = ("build_group_representatives", "estimate_grouped_benchmark_footprint")
+MIRRORED_NAMES = (
+    *ENTRY_NAMES, "evaluate_grouped_benchmark_expr", "required_storage_numel",
+    "_grouped_benchmark_dtype_itemsize", "_feature_field",
+    "UnsupportedGroupedPlan", "GroupedBenchmarkFootprint", "GroupedBenchmarkArgFootprint",
+)
+#: Each one's syntax-tree digest in the torch-npu 2.14.0 wheel (the same on Python 3.10 to 3.13).
+MIRRORED_DIGESTS: dict[str, str] = {
+    "build_group_representatives": "4ab1517b025ae4807b7c1c684e2e37cb",
+    "estimate_grouped_benchmark_footprint": "ecd0b42e1008d3ccb7d1d7c4f9f38ad0",
+    "evaluate_grouped_benchmark_expr": "5a9b1a1c15a6bf58a8b284289a313c28",
+    "required_storage_numel": "f5459414f44a1b63dae587c7bccbc763",
+    "_grouped_benchmark_dtype_itemsize": "20cd52c8ac2b010bc70aa127a2d6cb83",
+    "_feature_field": "ae71e3777d2c14a41da21aa51ab76879",
+    "UnsupportedGroupedPlan": "4b9bc3d80dad5eab5d4b52336c6a3d2a",
+    "GroupedBenchmarkFootprint": "a796c4e4160689afd29e5e0f88166630",
+    "GroupedBenchmarkArgFootprint": "766e4b2b3b15b539365578d2311a9376",
+}
+
+#: The probe: one feature over ``x0 * x1`` (x1 = 64 static) with closed buckets at 100 and 1000, where
+#: 2.14.0 takes x0 = ceil(100 / 64) = 2 and ceil(1000 / 64) = 16 (master: 1 and 15), an open bucket
+#: (x0 = 32), and a feature over a static axis only, whose other bucket no group reaches.
+PROBE_FEATURES = (
+    {"name": "outer", "source": "outer_product", "axis_names": ("x0", "x1"), "buckets": (100, 1000)},
+    {"name": "reduction", "source": "reduction_product", "axis_names": ("r0_",), "buckets": (8,)},
+)
+PROBE_AXES = ("x0", "x1", "r0_")
+PROBE_STATICS = (("x1", 64), ("r0_", 4))
+PROBE_ARGS = (
+    {"kind": "tensor", "source": "buffer", "name": "in_ptr0", "dtype": "torch.float16",
+     "size_exprs": ({"add": ({"axis_name": "x0"}, {"const": -1})}, {"axis_name": "x1"}),
+     "stride_exprs": ({"axis_name": "x1"}, 1)},
+    {"kind": "workspace", "source": "workspace", "name": "ws",
+     "count_expr": {"floordiv": ({"mul": ({"axis_name": "x0"}, 3)}, {"axis_name": "r0_"})}, "dtype": "torch.int32"},
+    {"kind": "size", "source": "axis_expr", "name": "xnumel", "expr": {"axis_name": "x0"}},
+)
+PROBE_MUTATED = ("in_ptr0",)
+#: 2.14.0's answer: reachable groups, each one's axis values, and the footprint's total bytes.
+PROBE_REACHABLE = (0, 1, 2)
+PROBE_AXIS_VALUES = ((("x0", 2), ("x1", 64), ("r0_", 4)), (("x0", 16), ("x1", 64), ("r0_", 4)),
+                     (("x0", 32), ("x1", 64), ("r0_", 4)))
+PROBE_TOTAL_BYTES = 10132
 
 
-def config_ratio(config: object) -> float:
-    """``config.symbolic_group_max_benchmark_memory_ratio`` where torch_npu would accept it; else ``Defer``.
+@functools.cache
+def installed_npu_version() -> str | None:
+    """The installed torch_npu distribution's version, or None when there is no distribution metadata."""
+    for dist in ("torch_npu", "torch-npu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
 
-    An int stays an int: torch_npu's ``int(total_memory * ratio)`` multiplies by it
-    exactly, where ``float(ratio)`` would round a total above 2**53 bytes (up, at times).
+
+def series_allows(version: str | None) -> bool:
+    """False where an installed distribution names another release series; a 2.14 label or none is no proof."""
+    if version is None:
+        return True
+    match = re.match(r"\s*(\d+)\.(\d+)", version)
+    return match is not None and f"{match[1]}.{match[2]}" == MIRRORED_SERIES
+
+
+def _canonical(node: object) -> object:
+    """A syntax tree as nested tuples, without positions and without the empty or missing fields that differ
+    between Python versions for the same code (3.12's ``type_params``, 3.13's defaults)."""
+    if isinstance(node, ast.AST):
+        return (type(node).__name__, tuple((name, _canonical(value)) for name, value in ast.iter_fields(node)
+                                           if value is not None and value != [] and name != "type_comment"))
+    if isinstance(node, list):
+        return tuple(_canonical(item) for item in node)
+    return node
+
+
+def _defined_by(obj: object, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef, filename: str) -> bool:
+    """Whether ``obj`` is the object that ``node`` of ``filename`` defines (not one rebound under its name)."""
+    first_line = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+    code = getattr(obj, "__code__", None)
+    if code is not None:
+        return bool(code.co_filename == filename and code.co_firstlineno == first_line)
+    if not isinstance(obj, type) or obj.__qualname__ != node.name:
+        return False
+    first = getattr(obj, "__firstlineno__", None)  # Python 3.13: its first decorator's line
+    return getattr(sys.modules.get(obj.__module__), "__file__", None) == filename and first in (None, first_line)
+
+
+def module_digests(module: Mapping[str, Any]) -> dict[str, str]:
+    """The syntax-tree digest of each of ``MIRRORED_NAMES`` as the module's source file defines it.
+
+    Raises ``LookupError`` naming what is missing or rebound, and ``OSError``
+    where the source cannot be read (a build shipping only bytecode is not
+    checkable, so not mirrored).
+    """
+    filename = getattr(getattr(module.get(ENTRY_NAMES[0]), "__code__", None), "co_filename", None)
+    lines = linecache.getlines(filename) if isinstance(filename, str) else []
+    if not lines:
+        raise OSError(f"no source file for {filename or ENTRY_NAMES[0]}")
+    defined = {node.name: node for node in ast.parse("".join(lines)).body
+               if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    digests = {}
+    for name in MIRRORED_NAMES:
+        node = defined.get(name)
+        if node is None or not _defined_by(module.get(name), node, filename):  # type: ignore[arg-type]
+            raise LookupError(f"its {name} is not defined in {filename}")
+        digests[name] = hashlib.sha256(repr(_canonical(node)).encode()).hexdigest()[:32]
+    return digests
+
+
+def probe(module: Mapping[str, Any]) -> str | None:
+    """How the module's functions answer the probe plan differently from 2.14.0, or None."""
+    try:  # on copies: foreign code may edit what it is given
+        reps = module[ENTRY_NAMES[0]](copy.deepcopy(PROBE_FEATURES), PROBE_AXES, PROBE_STATICS)
+        reachable = tuple(reps["reachable_group_ids"])
+        axis_values = tuple(tuple(reps["benchmark_axis_values_by_group"][g]) for g in reachable)
+        total = module[ENTRY_NAMES[1]](reps, copy.deepcopy(PROBE_ARGS), PROBE_MUTATED).total_bytes
+    except Exception as exc:  # foreign code: whatever it raises, it is not 2.14.0's
+        return f"the probe plan raised {type(exc).__name__}: {exc}"
+    if (reachable, axis_values, total) != (PROBE_REACHABLE, PROBE_AXIS_VALUES, PROBE_TOTAL_BYTES):
+        return (f"on the probe plan it gives groups {reachable}, axis values {axis_values} and {total} bytes "
+                f"where {MIRRORED_RELEASE} gives {PROBE_REACHABLE}, {PROBE_AXIS_VALUES} and {PROBE_TOTAL_BYTES}")
+    return None
+
+
+def _differs(module: Mapping[str, Any]) -> str | None:
+    """Which mirrored function or class is not 2.14.0's, or how it answers the probe differently; else None."""
+    try:
+        digests = module_digests(module)
+    except LookupError as exc:
+        return str(exc.args[0])
+    except (OSError, SyntaxError, ValueError) as exc:
+        return f"its source cannot be read ({exc})"
+    differ = [name for name in MIRRORED_NAMES if digests[name] != MIRRORED_DIGESTS[name]]
+    return f"its {', '.join(differ)} differ from {MIRRORED_RELEASE}'s" if differ else probe(module)
+
+
+#: The verdict per tuple of a module's mirrored objects: its source is parsed and the probe run once.
+_verdicts: dict[tuple[object, ...], str | None] = {}
+
+
+def _code_verdict(names: Mapping[str, Any], module: Mapping[str, Any] | None) -> str | None:
+    """Why the grouping code ``names`` calls (from ``module``) is not 2.14.0's, or None where it is."""
+    if module is None:
+        return f"it has no {ENTRY_NAMES[0]} function to check"
+    # the caller's other imports must be that module's: a name rebound in the caller is another function
+    for name in (ENTRY_NAMES[1], "UnsupportedGroupedPlan"):
+        if name in names and names[name] is not module.get(name):
+            return f"the caller's {name} is not that module's"
+    objects = tuple(map(module.get, MIRRORED_NAMES))
+    try:
+        if objects not in _verdicts:  # computed twice by a race at worst: the same answer
+            _verdicts[objects] = _differs(module)
+    except TypeError:  # an unhashable object under a mirrored name: not a function or class, so not 2.14.0's
+        return "a mirrored name holds neither a function nor a class"
+    return _verdicts[objects]
+
+
+def why_not_mirrored(names: Mapping[str, Any], version: str | None) -> str | None:
+    """None where the grouping code ``names`` (a caller's globals) calls is the code prescreen mirrors; else why not.
+
+    ``version``: the installed torch_npu distribution's (``installed_npu_version``).
+    """
+    if not series_allows(version):
+        return f"torch_npu {version} is not a {MIRRORED_SERIES} release, whose grouped-footprint code prescreen mirrors"
+    found = getattr(names.get(ENTRY_NAMES[0]), "__globals__", None)
+    module = found if isinstance(found, Mapping) else None
+    why = _code_verdict(names, module)
+    if why is None:
+        return None
+    where = (module or {}).get("__file__") or (module or {}).get("__name__") or "not found"
+    return (f"torch_npu's symbolic_grouping ({where}; version {version or 'without metadata'}) is not the "
+            f"torch-npu {MIRRORED_RELEASE} code prescreen mirrors: {why}")
+
+
+def _check_mirrored(names: Mapping[str, Any]) -> None:
+    """``Defer`` unless the grouping code a torch_npu module (its globals, ``names``) calls is the code mirrored."""
+    why = why_not_mirrored(names, installed_npu_version())
+    if why is not None:
+        raise Defer(why)
+
+
+# --- the codegen guard ---------------------------------------------------------------------------------------
+
+def budget_from(config: object, torch_mod: Any, device: Any) -> Budget:
+    """torch_npu's budget from its config object and ``torch`` module, lowered (never raised) by prescreen's overrides.
+
+    The ratio is the config object's (set in code, or from torch_npu's variable
+    when its config was imported), not the variable read now. An int ratio stays
+    an int: torch_npu's ``int(total_memory * ratio)`` multiplies by it exactly,
+    where ``float(ratio)`` would round a total above 2**53 bytes (up, at times).
+    A per-process memory fraction lowers the total (the safe direction).
     """
     value = getattr(config, RATIO_ATTR, None)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -75,47 +271,12 @@ def config_ratio(config: object) -> float:
     ratio = int(value) if isinstance(value, int) else float(value)
     if not math.isfinite(ratio) or not 0.0 < ratio <= 1.0:
         raise Defer(f"npu_config.{RATIO_ATTR}={value!r} is outside (0, 1]")
-    return ratio
-
-
-def npu_total_memory(torch_mod: Any, device: Any) -> int:
-    """``torch.npu.get_device_properties(device).total_memory``, as torch_npu reads it; else ``Defer``."""
     try:
         total = int(torch_mod.npu.get_device_properties(device).total_memory)
     except Exception as exc:
         raise Defer(f"torch.npu.get_device_properties({device!r}) failed: {exc!r}") from None
     if total <= 0:
         raise Defer(f"invalid NPU total memory {total}")
-    return total
-
-
-def _process_fraction(torch_mod: Any, device: Any) -> float:
-    """A ``set_per_process_memory_fraction`` cap, where torch.npu reports one (else 1.0)."""
-    getter = getattr(getattr(torch_mod, "npu", None), "get_per_process_memory_fraction", None)
-    if getter is None:
-        return 1.0
-    try:
-        fraction = float(getter(device))
-    except Exception:
-        return 1.0
-    return fraction if 0.0 < fraction < 1.0 else 1.0
-
-
-def npu_budget(original: Callable[..., Any], device: Any) -> Budget:
-    """torch_npu's own budget for ``device``, lowered (never raised) by prescreen's overrides.
-
-    The ratio is the config object's (set in code or from torch_npu's variable
-    when its config was imported), not the variable read now. A per-process
-    memory fraction lowers the total (the safe direction).
-    """
-    names = _upstream_globals(original)
-    return budget_from(names.get("npu_config"), names.get("torch"), device)
-
-
-def budget_from(config: object, torch_mod: Any, device: Any) -> Budget:
-    """torch_npu's budget from its config object and ``torch`` module, lowered by prescreen's overrides."""
-    ratio = config_ratio(config)
-    total = npu_total_memory(torch_mod, device)
     own_ratio, own_memory = state.overrides()
     if own_ratio is not None:
         # A float below torch_npu's int ratio (1) cannot raise the budget over ``total``: its product
@@ -123,28 +284,13 @@ def budget_from(config: object, torch_mod: Any, device: Any) -> Budget:
         ratio = min(ratio, own_ratio)
     if own_memory is not None:
         total = min(total, own_memory)
-    fraction = _process_fraction(torch_mod, device)
-    if fraction < 1.0:
+    try:
+        fraction = float(torch_mod.npu.get_per_process_memory_fraction(device))
+    except Exception:  # not reported by this torch.npu: no cap
+        fraction = 1.0
+    if 0.0 < fraction < 1.0:
         total = max(1, int(total * fraction))
     return Budget("npu", total, ratio)
-
-
-def _check_semantics(names: Mapping[str, Any]) -> None:
-    """``Defer`` unless the grouping code a torch_npu module (its globals, ``names``) calls is the code prescreen
-    mirrors: identified by that code itself, never by the version label alone (``prescreen.semantics``)."""
-    why = why_not_mirrored(names, installed_npu_version())
-    if why is not None:
-        raise Defer(why)
-
-
-def _runtime_names(autotuner: Any) -> Mapping[str, Any]:
-    """The globals the grouped autotuner's own method runs with, else the imported ``symbolic_grouping``'s."""
-    method = getattr(type(autotuner), RUNTIME_METHOD, None)
-    names = getattr(inspect.unwrap(method), "__globals__", None) if callable(method) else None
-    if isinstance(names, Mapping) and "build_group_representatives" in names:
-        return names
-    module = sys.modules.get(GROUPING_MODULE)
-    return vars(module) if module is not None else {}
 
 
 def guard(self: Any, inductor_meta: dict[str, Any], device: Any, original: Callable[..., Any]) -> None:
@@ -153,8 +299,9 @@ def guard(self: Any, inductor_meta: dict[str, Any], device: Any, original: Calla
         original(self, inductor_meta, device)
         return
     try:
-        _check_semantics(_upstream_globals(original))
-        budget = npu_budget(original, device)
+        names: Mapping[str, Any] = getattr(inspect.unwrap(original), "__globals__", None) or {}  # not copied
+        _check_mirrored(names)
+        budget = budget_from(names.get("npu_config"), names.get("torch"), device)
         plan = KernelPlan.from_payload(inductor_meta, unknown_keys="ignore")
         outcome = lookup_or_decide(plan, budget, state.get_store())
     except Defer as exc:
@@ -174,20 +321,13 @@ def guard(self: Any, inductor_meta: dict[str, Any], device: Any, original: Calla
     getattr(self, DISABLE_METHOD)(inductor_meta, decision.reason)
 
 
-def _wrap_method(cls: type, method: str, marker: str,
-                 wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-    """Replace ``cls.<method>`` by ``wrapper(original)``, which keeps the original under ``marker``."""
+def _wrap(cls: type, method: str, wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Replace ``cls.<method>`` by ``wrapper(original)``, keeping the original under ``_ORIGINAL_ATTR`` (idempotent)."""
     current = getattr(cls, method)
-    wrapped = functools.wraps(current)(wrapper(current))
-    setattr(wrapped, marker, current)
-    setattr(cls, method, wrapped)
-
-
-def _restore_method(cls: type, method: str, marker: str) -> None:
-    """Put back the original a :func:`_wrap_method` kept, if ``cls.<method>`` is wrapped."""
-    original = getattr(getattr(cls, method, None), marker, None)
-    if original is not None:
-        setattr(cls, method, original)
+    if not hasattr(current, _ORIGINAL_ATTR):
+        wrapped = functools.wraps(current)(wrapper(current))
+        setattr(wrapped, _ORIGINAL_ATTR, current)
+        setattr(cls, method, wrapped)
 
 
 def _guarding(current: Callable[..., Any]) -> Callable[..., Any]:
@@ -199,28 +339,20 @@ def _guarding(current: Callable[..., Any]) -> Callable[..., Any]:
 
 def patch_class(cls: type) -> None:
     """Wrap ``cls``'s guard method (idempotent)."""
-    if hasattr(getattr(cls, GUARD_METHOD), _ORIGINAL_ATTR):
-        return
     if not callable(getattr(cls, DISABLE_METHOD, None)):
         raise AttributeError(f"{cls.__name__} has no {DISABLE_METHOD}; torch_npu layout not recognised")
-    _wrap_method(cls, GUARD_METHOD, _ORIGINAL_ATTR, _guarding)
+    _wrap(cls, GUARD_METHOD, _guarding)
 
 
 def unpatch_class(cls: type) -> None:
-    """Restore ``cls``'s original guard method."""
-    _restore_method(cls, GUARD_METHOD, _ORIGINAL_ATTR)
+    """Put back torch_npu's methods on ``cls`` where prescreen wrapped them."""
+    for method in (GUARD_METHOD, RUNTIME_METHOD):
+        original = getattr(getattr(cls, method, None), _ORIGINAL_ATTR, None)
+        if original is not None:
+            setattr(cls, method, original)
 
 
 # --- learning from a real OOM in torch_npu's grouped benchmark (runtime) ------------------------------------
-
-RUNTIME_MODULE = "torch_npu._inductor.runtime.triton_heuristics"
-RUNTIME_CLASS = "NPUSymbolicGroupedAutotuner"
-RUNTIME_METHOD = "_autotune_all_groups"
-#: The grouped autotuner's setter of one group's winner (torch-npu 2.14), called for each fallback choice.
-SET_WINNER_METHOD = "_set_group_best_candidate"
-CONFIG_MODULE = "torch_npu._inductor.config"
-_ORIGINAL_RUNTIME_ATTR = "_prescreen_original_autotune_all_groups"
-
 
 @dataclass(frozen=True)
 class GroupChoice:
@@ -235,11 +367,14 @@ class GroupChoice:
         return self.candidate.get("candidate_id")
 
 
-def _tensor_device(args: tuple[Any, ...]) -> Any:
-    for value in args:
-        if hasattr(value, "device") and hasattr(value, "data_ptr"):
-            return value.device
-    return "npu"
+def _runtime_names(autotuner: Any) -> Mapping[str, Any]:
+    """The globals the grouped autotuner's own method runs with, else the imported ``symbolic_grouping``'s."""
+    method = getattr(type(autotuner), RUNTIME_METHOD, None)
+    names = getattr(inspect.unwrap(method), "__globals__", None) if callable(method) else None
+    if isinstance(names, Mapping) and ENTRY_NAMES[0] in names:
+        return names
+    module = sys.modules.get(GROUPING_MODULE)
+    return vars(module) if module is not None else {}
 
 
 def _sequence(name: str, value: object) -> Sequence[Any]:
@@ -251,23 +386,16 @@ def _sequence(name: str, value: object) -> Sequence[Any]:
 def first_config_choices(autotuner: Any) -> tuple[GroupChoice, ...]:
     """For every reachable group still without a winner, its first compiled, runnable candidate.
 
-    This is the choice torch_npu makes without benchmarking: a group's
-    candidates (``candidate_plan["group_to_candidates"][group_id]``) come in the
-    order of the configs its non-grouped heuristic generates at the group's
-    representative size, and where ``NPUCachingAutotuner.autotuner`` skips
-    benchmarking (one candidate, deterministic reductions) it takes the first
-    compiled one (``_first_compiled_candidate_entry``). Launchers are matched
-    to candidates and filtered as ``_build_grouped_benchmark_entries`` does
-    (``compiled_candidate_entries`` by ``candidate_id``, ``launcher.runnable``),
-    so no candidate the grouped benchmark could not have picked is chosen.
-    Nothing is allocated and nothing is launched here.
-
-    Raises ``Defer`` where the grouping code is not the torch-npu 2.14.0 code
-    prescreen mirrors, where the autotuner is not laid out as torch-npu 2.14's
-    ``NPUSymbolicGroupedAutotuner``, or where a group has no runnable candidate
-    (torch_npu would fail there too): the caller then lets the error propagate.
+    This is the choice torch_npu makes where it skips benchmarking
+    (``_first_compiled_candidate_entry``): a group's candidates come in the order
+    its non-grouped heuristic generates them, and launchers are matched and
+    filtered as ``_build_grouped_benchmark_entries`` does (by ``candidate_id``,
+    ``launcher.runnable``), so nothing the grouped benchmark could not have picked
+    is chosen. Nothing is allocated or launched. Raises ``Defer`` where the
+    grouping code or the autotuner's layout is not torch-npu 2.14.0's, or where a
+    group has no runnable candidate (torch_npu would fail there too).
     """
-    _check_semantics(_runtime_names(autotuner))
+    _check_mirrored(_runtime_names(autotuner))
     plan = getattr(autotuner, "candidate_plan", None)
     groups = _sequence("candidate_plan['group_to_candidates']",
                        plan.get("group_to_candidates") if isinstance(plan, Mapping) else None)
@@ -296,39 +424,15 @@ def first_config_choices(autotuner: Any) -> tuple[GroupChoice, ...]:
     return tuple(choices)
 
 
-def learn_from_oom(autotuner: Any, device: Any, requested_bytes: int | None, free_bytes: int | None,
-                   error: str) -> str:
-    """Store an ``observed_oom`` fallback for the kernel whose grouped benchmark ran out of memory.
-
-    The key is the one the codegen hook looks up (the plan in the kernel's
-    ``inductor_meta``, torch_npu's budget), so the next compile of this kernel
-    takes the non-grouped path with auto-blockify and benchmarks no group.
-    Returns the key.
-    """
-    from prescreen.service import record_observed_oom
-
-    _check_semantics(_runtime_names(autotuner))
-    budget = budget_from(sys.modules.get(CONFIG_MODULE), sys.modules.get("torch"), device)
-    plan = KernelPlan.from_payload(dict(getattr(autotuner, "inductor_meta", None) or {}), unknown_keys="ignore")
-    outcome = record_observed_oom(plan, budget, state.get_store(), requested_bytes=requested_bytes,
-                                  free_bytes=free_bytes, error=error)
-    return outcome.key
-
-
-def _fallback_choices(autotuner: Any) -> tuple[tuple[GroupChoice, ...] | None, str]:
-    """:func:`first_config_choices`, or None and why not (no exception leaves, so a re-raise keeps its context)."""
-    try:
-        return first_config_choices(autotuner), ""
-    except Defer as exc:
-        return None, str(exc)
-    except Exception as exc:  # an autotuner prescreen cannot read: torch_npu's behaviour
-        return None, repr(exc)
-
-
 def _record(autotuner: Any, device: Any, info: tuple[int | None, int | None, str], name: str) -> str:
-    """Store ``observed_oom`` (never raises); the key's first 12 characters, or "?"."""
+    """Store ``observed_oom`` under the key the codegen guard looks up (so the next compile of the kernel takes
+    the non-grouped path); never raises. Returns the key's first 12 characters, or "?"."""
     try:
-        return learn_from_oom(autotuner, device, *info)[:12]
+        _check_mirrored(_runtime_names(autotuner))
+        budget = budget_from(sys.modules.get(CONFIG_MODULE), sys.modules.get("torch"), device)
+        plan = KernelPlan.from_payload(dict(getattr(autotuner, "inductor_meta", None) or {}), unknown_keys="ignore")
+        return record_observed_oom(plan, budget, state.get_store(), requested_bytes=info[0], free_bytes=info[1],
+                                   error=info[2]).key[:12]
     except Exception as exc:
         log.warning("prescreen: could not record torch_npu's out-of-memory error in %s (%r)", name, exc)
         return "?"
@@ -344,9 +448,13 @@ def _remembering(current: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:
             if not oom.is_oom(exc):
                 raise
-            device = _tensor_device(args)
+            device = next((a.device for a in args if hasattr(a, "device") and hasattr(a, "data_ptr")), "npu")
             info = oom.info(exc, device)
-            choices, why = _fallback_choices(self)
+            choices: tuple[GroupChoice, ...] | None = None
+            try:  # no exception may leave here, so that the re-raise below keeps its context
+                choices, why = first_config_choices(self), ""
+            except Exception as error:  # an autotuner prescreen cannot read: torch_npu's behaviour
+                why = str(error) if isinstance(error, Defer) else repr(error)
             if choices is None:
                 oom.release(device)
                 key = _record(self, device, info, name)
@@ -371,55 +479,32 @@ def _remembering(current: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def patch_runtime_class(cls: type) -> None:
-    """Wrap ``cls._autotune_all_groups`` so that the call completes after an out-of-memory error (idempotent).
-
-    On an OOM the wrapper drops the failed step's frames, empties the device
-    cache, stores ``observed_oom`` under the codegen key (every later compile of
-    the kernel falls back at codegen) and gives every reachable group its first
-    compiled, runnable candidate without benchmarking (:func:`first_config_choices`),
-    so the kernel launches and the call returns as upstream's would. Where the
-    autotuner is not laid out as torch-npu 2.14's, the error is raised as before.
-    """
-    if not hasattr(getattr(cls, RUNTIME_METHOD), _ORIGINAL_RUNTIME_ATTR):
-        _wrap_method(cls, RUNTIME_METHOD, _ORIGINAL_RUNTIME_ATTR, _remembering)
+    """Wrap ``cls._autotune_all_groups`` so that the call completes after an out-of-memory error (idempotent)."""
+    _wrap(cls, RUNTIME_METHOD, _remembering)
 
 
-def unpatch_runtime_class(cls: type) -> None:
-    """Restore ``cls``'s original grouped-autotune method."""
-    _restore_method(cls, RUNTIME_METHOD, _ORIGINAL_RUNTIME_ATTR)
-
-
-def patch_runtime() -> bool:
-    """Patch torch_npu's grouped runtime autotuner if its module is imported; True if patched."""
-    module = sys.modules.get(RUNTIME_MODULE)
-    cls = getattr(module, RUNTIME_CLASS, None) if module is not None else None
-    if cls is None or not callable(getattr(cls, RUNTIME_METHOD, None)):
-        return False
-    patch_runtime_class(cls)
-    return True
-
-
-def patch() -> bool:
-    """Patch torch_npu if its Inductor codegen is already imported; True if patched."""
-    module = sys.modules.get(NPU_MODULE)
-    cls = getattr(module, NPU_CLASS, None) if module is not None else None
+def patch() -> None:
+    """Patch torch_npu's codegen guard, where its module is imported."""
+    cls = getattr(sys.modules.get(NPU_MODULE), NPU_CLASS, None)
     if cls is None:
-        return False
+        return
     if not hasattr(cls, GUARD_METHOD):
         log.warning("prescreen: %s.%s has no %s (torch_npu version without the grouped guard); not patched",
                     NPU_MODULE, NPU_CLASS, GUARD_METHOD)
-        return False
+        return
     patch_class(cls)
-    return True
+
+
+def patch_runtime() -> None:
+    """Patch torch_npu's grouped runtime autotuner, where its module is imported."""
+    cls = getattr(sys.modules.get(RUNTIME_MODULE), RUNTIME_CLASS, None)
+    if cls is not None and callable(getattr(cls, RUNTIME_METHOD, None)):
+        patch_runtime_class(cls)
 
 
 def unpatch() -> None:
     """Restore torch_npu's original methods, where they were patched."""
-    module = sys.modules.get(NPU_MODULE)
-    cls = getattr(module, NPU_CLASS, None) if module is not None else None
-    if cls is not None:
-        unpatch_class(cls)
-    runtime = sys.modules.get(RUNTIME_MODULE)
-    runtime_cls = getattr(runtime, RUNTIME_CLASS, None) if runtime is not None else None
-    if runtime_cls is not None:
-        unpatch_runtime_class(runtime_cls)
+    for module, name in ((NPU_MODULE, NPU_CLASS), (RUNTIME_MODULE, RUNTIME_CLASS)):
+        cls = getattr(sys.modules.get(module), name, None)
+        if cls is not None:
+            unpatch_class(cls)

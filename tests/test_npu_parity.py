@@ -252,15 +252,13 @@ def test_override_can_only_lower_torch_npus_budget(classes, tmp_path, monkeypatc
 
 
 def test_unmirrored_torch_npu_release_defers(classes, tmp_path, monkeypatch) -> None:
-    from prescreen import semantics
-
     monkeypatch.setattr(npu, "installed_npu_version", lambda: "2.15.0")
     monkeypatch.setattr(npu, "lookup_or_decide", lambda *a, **k: pytest.fail("prescreen decided for 2.15"))
     theirs, ours = _one(classes, upstream_meta(), 4000, npu_wheel.import_upstream_npu_config(), DiskStore(tmp_path))
     assert ours == theirs
-    assert semantics.series_allows("2.14.0") and semantics.series_allows("2.14.0.post2")
-    assert semantics.series_allows("2.14.0+git1a2b3c4") and semantics.series_allows(None)  # the code decides
-    assert not semantics.series_allows("2.15.0") and not semantics.series_allows("banana")
+    assert npu.series_allows("2.14.0") and npu.series_allows("2.14.0.post2")
+    assert npu.series_allows("2.14.0+git1a2b3c4") and npu.series_allows(None)  # the code decides
+    assert not npu.series_allows("2.15.0") and not npu.series_allows("banana")
 
 
 # --- issue 29: source builds, foreign payload forms, an int ratio (each was laxer than torch_npu before) -------
@@ -357,7 +355,6 @@ def test_a_source_build_of_master_defers_to_its_own_guard(master, classes, tmp_p
 
 
 def test_the_wheels_code_is_the_code_prescreen_mirrors() -> None:
-    from prescreen import semantics
     from prescreen.budget import Budget
     from prescreen.decision import decide
     from prescreen.plan import KernelPlan
@@ -365,47 +362,41 @@ def test_the_wheels_code_is_the_code_prescreen_mirrors() -> None:
     if npu_wheel.npu_wheel_path() is None:
         pytest.skip(npu_wheel.unavailable_reason())
     wheel = npu_wheel.load_upstream_symbolic_grouping()
-    assert semantics.module_digests(vars(wheel)) == semantics.MIRRORED_DIGESTS
-    assert semantics.probe(vars(wheel)) is None
-    assert semantics.why_not_mirrored(vars(wheel), "2.14.0+git1a2b3c4") is None
-    assert semantics.why_not_mirrored(vars(wheel), None) is None
-    assert "2.15.0" in str(semantics.why_not_mirrored(vars(wheel), "2.15.0"))
+    assert npu.module_digests(vars(wheel)) == npu.MIRRORED_DIGESTS
+    assert npu.probe(vars(wheel)) is None
+    assert npu.why_not_mirrored(vars(wheel), "2.14.0+git1a2b3c4") is None
+    assert npu.why_not_mirrored(vars(wheel), None) is None
+    assert "2.15.0" in str(npu.why_not_mirrored(vars(wheel), "2.15.0"))
     # the probe's expectations are prescreen's own answers too
     plan = KernelPlan.from_payload({
-        "group_features": [dict(f) for f in semantics.PROBE_FEATURES], "axis_names": semantics.PROBE_AXES,
-        "axis_static_values": semantics.PROBE_STATICS, "ordered_arg_specs": semantics.PROBE_ARGS,
-        "mutated_arg_names": semantics.PROBE_MUTATED})
+        "group_features": [dict(f) for f in npu.PROBE_FEATURES], "axis_names": npu.PROBE_AXES,
+        "axis_static_values": npu.PROBE_STATICS, "ordered_arg_specs": npu.PROBE_ARGS,
+        "mutated_arg_names": npu.PROBE_MUTATED})
     decision = decide(plan, Budget("npu", 2**40, 0.25))
-    assert decision.estimated_bytes == semantics.PROBE_TOTAL_BYTES
-    assert tuple(g for g, _ in decision.group_bytes) == semantics.PROBE_REACHABLE
+    assert decision.estimated_bytes == npu.PROBE_TOTAL_BYTES
+    assert tuple(g for g, _ in decision.group_bytes) == npu.PROBE_REACHABLE
 
 
 def test_master_fails_the_fingerprint_and_the_probe_each(master) -> None:
-    from prescreen import semantics
-
     module = vars(sys.modules["_prescreen_master_symbolic_grouping"])
-    digests = semantics.module_digests(module)
-    assert [n for n in semantics.MIRRORED_NAMES if digests[n] != semantics.MIRRORED_DIGESTS[n]] == \
+    digests = npu.module_digests(module)
+    assert [n for n in npu.MIRRORED_NAMES if digests[n] != npu.MIRRORED_DIGESTS[n]] == \
         ["build_group_representatives"]
-    assert "x0', 1)" in str(semantics.probe(module))  # the closed bucket solved by a floor
+    assert "x0', 1)" in str(npu.probe(module))  # the closed bucket solved by a floor
 
 
 def test_same_source_other_behaviour_is_caught_by_the_probe(tmp_path) -> None:
     """A module whose mirrored sources are 2.14.0's but whose globals change what they do (here ``max``)."""
-    from prescreen import semantics
-
     if npu_wheel.npu_wheel_path() is None:
         pytest.skip(npu_wheel.unavailable_reason())
     source = npu_wheel.upstream_source(npu_wheel.SYMBOLIC_GROUPING) + "\n\ndef max(*values):\n    return min(values)\n"
     module = _load_module("_prescreen_patched_symbolic_grouping", source, tmp_path)
-    assert semantics.module_digests(vars(module)) == semantics.MIRRORED_DIGESTS
-    why = semantics.why_not_mirrored(vars(module), "2.14.0")
+    assert npu.module_digests(vars(module)) == npu.MIRRORED_DIGESTS
+    why = npu.why_not_mirrored(vars(module), "2.14.0")
     assert why is not None and "probe plan" in why
 
 
 def test_code_without_readable_source_is_not_taken_for_2_14(tmp_path) -> None:
-    from prescreen import semantics
-
     if npu_wheel.npu_wheel_path() is None:
         pytest.skip(npu_wheel.unavailable_reason())
     module = _load_module("_prescreen_sourceless_symbolic_grouping",
@@ -414,17 +405,17 @@ def test_code_without_readable_source_is_not_taken_for_2_14(tmp_path) -> None:
     import linecache
 
     linecache.clearcache()
-    why = semantics.why_not_mirrored(vars(module), "2.14.0")
+    why = npu.why_not_mirrored(vars(module), "2.14.0")
     assert why is not None and "cannot be read" in why
     # a module whose function was rebound after import (the source no longer defines what runs)
     module = _load_module("_prescreen_rebound_symbolic_grouping",
                           npu_wheel.upstream_source(npu_wheel.SYMBOLIC_GROUPING), tmp_path)
     module._feature_field = lambda spec, field: spec[field]  # type: ignore[attr-defined]
-    assert "_feature_field is not defined in" in str(semantics.why_not_mirrored(vars(module), "2.14.0"))
+    assert "_feature_field is not defined in" in str(npu.why_not_mirrored(vars(module), "2.14.0"))
     # a caller whose other imports are not that module's
     wheel = npu_wheel.load_upstream_symbolic_grouping()
     names = {"build_group_representatives": wheel.build_group_representatives, "UnsupportedGroupedPlan": RuntimeError}
-    assert "not that module's" in str(semantics.why_not_mirrored(names, "2.14.0"))
+    assert "not that module's" in str(npu.why_not_mirrored(names, "2.14.0"))
 
 
 SYMPY_FORMS = [
@@ -518,8 +509,8 @@ def test_oom_in_grouped_runtime_benchmark_makes_later_compiles_fall_back(classes
     state.configure(store=DiskStore(tmp_path))
     assert _run(upstream, upstream_meta()) is True
     assert _run(hooked, upstream_meta()) is False
-    npu.unpatch_runtime_class(GroupedAutotuner)
-    assert not hasattr(GroupedAutotuner._autotune_all_groups, npu._ORIGINAL_RUNTIME_ATTR)
+    npu.unpatch_class(GroupedAutotuner)
+    assert not hasattr(GroupedAutotuner._autotune_all_groups, npu._ORIGINAL_ATTR)
 
 
 def test_runtime_names_patched_exist_in_the_wheel() -> None:
