@@ -25,6 +25,8 @@ SELECT_MODULE = "torch._inductor.select_algorithm"
 COMPILE_FX_MODULE = "torch._inductor.compile_fx"  # == prescreen.hooks.cache_tag.MODULE
 NPU_MODULE = "torch_npu._inductor.codegen.triton"  # == prescreen.hooks.npu.NPU_MODULE
 NPU_RUNTIME_MODULE = "torch_npu._inductor.runtime.triton_heuristics"  # == prescreen.hooks.npu.RUNTIME_MODULE
+#: The modules whose import applies a guard (``_patch``).
+WATCHED = (SELECT_MODULE, COMPILE_FX_MODULE, NPU_MODULE, NPU_RUNTIME_MODULE)
 
 _lock = threading.RLock()
 _active = False
@@ -70,29 +72,19 @@ def _log_summary() -> None:
         pass
 
 
-def _patch_select(_module: ModuleType) -> None:
-    from prescreen.hooks import inductor_select
+def _patch(module: ModuleType) -> None:
+    """Patch what prescreen guards in ``module``, right after its import (the guards load only now)."""
+    from prescreen.hooks import aoti, cache_tag, inductor_select, npu
 
-    inductor_select.patch()
-
-
-def _patch_compile_fx(module: ModuleType) -> None:
-    from prescreen.hooks import aoti, cache_tag
-
-    cache_tag.patch(module)
-    aoti.patch()
-
-
-def _patch_npu(_module: ModuleType) -> None:
-    from prescreen.hooks import npu
-
-    npu.patch()
-
-
-def _patch_npu_runtime(_module: ModuleType) -> None:
-    from prescreen.hooks import npu
-
-    npu.patch_runtime()
+    if module.__name__ == SELECT_MODULE:
+        inductor_select.patch()
+    elif module.__name__ == COMPILE_FX_MODULE:
+        cache_tag.patch(module)
+        aoti.patch()
+    elif module.__name__ == NPU_MODULE:
+        npu.patch()
+    else:
+        npu.patch_runtime()
 
 
 def install(
@@ -102,17 +94,13 @@ def install(
     ratio: float | None = None,
     lazy: bool = False,
 ) -> None:
-    """Activate the guards (idempotent, thread-safe).
+    """Activate the guards (idempotent, thread-safe); ``store``, ``device_memory``, ``ratio`` override the environment.
 
-    The Inductor guard is applied now (or, with ``lazy``, when Inductor's
-    ``select_algorithm`` is first imported); the torch_npu guard whenever
-    ``torch_npu._inductor.codegen.triton`` is imported. The store is opened,
-    and the library versions every key
-    holds are read, now too (with ``lazy``, the ``import torch`` autoload: at
-    the first lookup and the first write). Explicit ``store``, ``device_memory`` and ``ratio`` override the
-    environment.
+    Each guard is applied when the module it patches is imported (now, for Inductor's, unless ``lazy``). The
+    store is opened and the library versions every key holds are read now too, not inside the first compile
+    (with ``lazy``, the ``import torch`` autoload: at the first lookup).
     """
-    global _active
+    global _active, _summary_registered
     with _lock:
         if store is not None or device_memory is not None or ratio is not None:
             from prescreen.hooks import state
@@ -122,29 +110,21 @@ def install(
             return
         if not lazy:
             import torch._inductor.select_algorithm  # noqa: F401
-        import_hook.when_imported(SELECT_MODULE, _patch_select)
-        import_hook.when_imported(COMPILE_FX_MODULE, _patch_compile_fx)
-        import_hook.when_imported(NPU_MODULE, _patch_npu)
-        import_hook.when_imported(NPU_RUNTIME_MODULE, _patch_npu_runtime)
+        for name in WATCHED:
+            import_hook.when_imported(name, _patch)
         _active = True
-        _announce(lazy)
+        log.info("prescreen: guards installed (Inductor algorithm selection and torch_npu grouped autotune%s)%s",
+                 ", patched when first imported" if lazy else "",
+                 "" if verbose() else f"; {VERBOSE_ENV}=1 logs a summary at exit")
+        if not _summary_registered:
+            atexit.register(_log_summary)
+            _summary_registered = True
         if not lazy:
             from prescreen.hooks import state
             from prescreen.key import library_versions
 
-            state.get_store()  # opened here, not inside the first compile
-            library_versions()  # read here too: every key holds them (a few files' headers, once)
-
-
-def _announce(lazy: bool) -> None:
-    """One INFO line saying the guards are on (and where decisions are stored); the exit summary if verbose."""
-    global _summary_registered
-    log.info("prescreen: guards installed (Inductor algorithm selection and torch_npu grouped autotune%s)%s",
-             ", patched when first imported" if lazy else "",
-             "" if verbose() else f"; {VERBOSE_ENV}=1 logs a summary at exit")
-    if not _summary_registered:
-        atexit.register(_log_summary)
-        _summary_registered = True
+            state.get_store()
+            library_versions()
 
 
 def uninstall() -> None:
@@ -153,12 +133,10 @@ def uninstall() -> None:
     from prescreen.hooks import aoti, cache_tag, inductor_select, npu
 
     with _lock:
-        import_hook.forget(SELECT_MODULE)
-        import_hook.forget(COMPILE_FX_MODULE)
+        for name in WATCHED:
+            import_hook.forget(name)
         cache_tag.unpatch()
         aoti.unpatch()
-        import_hook.forget(NPU_MODULE)
-        import_hook.forget(NPU_RUNTIME_MODULE)
         inductor_select.unpatch()
         npu.unpatch()
         _active = False

@@ -1,14 +1,10 @@
 """AOTInductor's compile-time autotuning: one kernel's example arguments alive at a time.
 
-``aoti_compile_and_package`` (and a GPU compile with ``cpp_wrapper``) autotunes its Triton kernels at
-compile time, in a generated block that synthesizes every kernel's example arguments and, by default,
-keeps each alive until its last consumer: in a star-shaped graph many kernels' arguments are alive at
-once, and their sum is what ran out of memory (upstream issue 181176, >96 GB). prescreen's runtime guard
-sees one kernel's benchmark at a time (its clones, the flush buffer), so it cannot count arguments that
-other kernels keep alive. Where this torch has upstream's own switch for it,
-``torch._inductor.config.aot_inductor.autotune_per_kernel_alloc`` (each kernel allocates its arguments,
-runs, and frees them), the guards turn it on while installed, unless the user set it themselves; then
-the guarded benchmark is the whole peak. Where it is missing (torch 2.11), this is logged once.
+AOTInductor (and a GPU ``cpp_wrapper`` compile) autotunes in a generated block that by default keeps every
+kernel's example arguments alive until their last consumer, so many kernels' arguments can be alive at once
+(upstream issue 181176, >96 GB), which prescreen's per-benchmark guard cannot count. While installed, the
+guards turn on upstream's own ``aot_inductor.autotune_per_kernel_alloc`` unless the user set it; a torch
+without it (2.11) is logged.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """``torch.compile(model, backend="prescreen", mode=..., options=...)``: Inductor with the guards installed.
 
-Accepts what ``backend="inductor"`` accepts: ``mode`` and ``options`` are
-applied exactly as ``torch.compile`` applies them for Inductor (through the
-same ``torch._TorchCompileInductorWrapper``), then the compile runs with the
-guards on.
+``mode`` and ``options`` are applied exactly as ``torch.compile`` applies them for Inductor (through the
+same ``torch._TorchCompileInductorWrapper``).
 """
 
 from __future__ import annotations
@@ -13,19 +11,8 @@ from typing import Any
 
 import torch
 
-log = logging.getLogger("prescreen.hooks")
-
 #: Inductor config keys under which it benchmarks choices that prescreen guards.
 AUTOTUNE_KEYS = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise")
-
-
-def _inductor(mode: str | None, options: dict[str, Any] | None) -> Any:
-    """Inductor's own compiler object for ``mode`` and ``options`` (validates them as torch.compile does)."""
-    wrapper_cls = getattr(torch, "_TorchCompileInductorWrapper", None)
-    if wrapper_cls is None:  # pragma: no cover - present in torch 2.11 to 2.14
-        raise RuntimeError(f"torch {torch.__version__} has no _TorchCompileInductorWrapper; "
-                           "use backend='inductor' with PRESCREEN=1 or prescreen.install()")
-    return wrapper_cls(mode, options, None)
 
 
 def autotuning_on(patches: dict[str, Any]) -> bool:
@@ -41,7 +28,8 @@ def prescreen_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], *, mo
     from prescreen.hooks import state
     from prescreen.hooks.activation import install
 
-    compiler = _inductor(mode, options)
+    # Inductor's own compiler object for mode and options (it validates them as torch.compile does)
+    compiler = torch._TorchCompileInductorWrapper(mode, options, None)  # type: ignore[no-untyped-call]
     install()
     if not autotuning_on(compiler.config):
         state.log_once("backend-no-autotune", logging.INFO,

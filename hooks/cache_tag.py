@@ -1,27 +1,13 @@
 """prescreen's budget in torch's own cache keys (``torch.compiler.config.cache_key_tag``).
 
-A guarded compile's output depends on prescreen's budget: a selection that fell
-back to ATen, an epilogue left unfused, a runtime kernel left at its first
-config. Torch's caches (FX graph, AOTAutograd, the mega-cache built from them,
-the runtime autotune cache) key by the graph and the tag, never by device
-memory, so without this a fallback decided under one budget would be served to
-every later process sharing the cache dir, whatever its budget.
-
-While the guards are installed, each Inductor compile starts by appending
-``prescreen-<digest>`` to the tag (after the user's own tag, which is kept):
-the digest covers what decides a fallback: the budget basis, the effective
-device memory (after overrides and a per-process memory fraction), the ratio,
-the estimator and key schema versions, the libraries a decision depends on, and
-the bucketing scheme. A process with another budget gets other keys and
-compiles (and decides) for itself; a process without prescreen gets the user's
-tag alone. The runtime autotune cache's best configs are the exception (see
-``patch``): they are only ever real winners, and keyed by the user's tag.
-
-``PRESCREEN_BUDGET_BASIS=free``: the digest holds the basis, not the free bytes
-(they change from one compile to the next, so no compile would ever hit). A
-fallback decided under memory pressure may then be reused from torch's caches
-by a later process of the same tag: that costs speed, never an OOM, since a
-cache hit runs no benchmark at all.
+A guarded compile's output depends on prescreen's budget (a selection that fell back to ATen, an epilogue
+left unfused), and torch's caches (FX graph, AOTAutograd, the mega-cache) key by the graph and the tag,
+never by device memory. So while the guards are installed, each Inductor compile appends
+``prescreen-<digest>`` to the user's own tag: the digest covers what decides a fallback (budget basis,
+effective device memory, ratio, estimator and key schema versions, libraries, bucketing scheme), so a
+process with another budget compiles and decides for itself, and one without prescreen gets the user's tag
+alone. With ``PRESCREEN_BUDGET_BASIS=free`` the digest holds the basis, not the free bytes (no compile would
+ever hit): a fallback decided under memory pressure may then be reused, which costs speed, never an OOM.
 """
 
 from __future__ import annotations
@@ -30,8 +16,9 @@ import functools
 import hashlib
 import json
 import logging
+import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger("prescreen.hooks")
@@ -41,12 +28,6 @@ PREFIX = "prescreen-"
 _SEPARATOR = "+"
 _ORIGINAL_ATTR = "_prescreen_original_compile_fx"
 _lock = threading.Lock()
-
-
-def digest(parts: dict[str, object]) -> str:
-    """``prescreen-`` and 12 hex digits of the canonical JSON of ``parts``."""
-    text = json.dumps(parts, sort_keys=True, separators=(",", ":"))
-    return PREFIX + hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def parts_for(device: object) -> dict[str, object]:
@@ -79,57 +60,30 @@ def user_tag(tag: str) -> str:
     return tag
 
 
-def tagged(tag: str, ours: str) -> str:
-    """The user's part of ``tag`` with ``ours`` appended (never replacing it)."""
-    own = user_tag(tag)
-    return f"{own}{_SEPARATOR}{ours}" if own else ours
-
-
-def device_of(inputs: Iterable[Any]) -> Any:
-    """The device of the first tensor among a graph's example inputs (CPU where there is none)."""
-    import torch
-
-    for value in inputs:
-        if isinstance(value, torch.Tensor):
-            return value.device
-    return torch.device("cpu")
-
-
 def apply(device: object) -> str:
-    """Set the tag for a compile on ``device``; returns prescreen's part ("" where the budget cannot be read)."""
+    """Set the tag for a compile on ``device``; returns prescreen's part (``prescreen-unbudgeted`` where the
+    budget cannot be read: a bad setting is reported by the guard that reads it)."""
     from torch.compiler import config
 
     try:
-        ours = digest(parts_for(device))
-    except Exception as exc:  # a bad setting is reported by the guard that reads it; never break a compile
+        text = json.dumps(parts_for(device), sort_keys=True, separators=(",", ":"))
+        ours = PREFIX + hashlib.sha256(text.encode()).hexdigest()[:12]
+    except Exception as exc:  # never break a compile
         log.debug("prescreen: no budget tag for %s (%r)", device, exc)
         ours = PREFIX + "unbudgeted"
     with _lock:
-        config.cache_key_tag = tagged(config.cache_key_tag, ours)
+        own = user_tag(config.cache_key_tag)
+        config.cache_key_tag = f"{own}{_SEPARATOR}{ours}" if own else ours
     return ours
-
-
-def clear() -> None:
-    """Give the tag back as the user set it."""
-    from torch.compiler import config
-
-    with _lock:
-        config.cache_key_tag = user_tag(config.cache_key_tag)
-
-
-def current() -> str:
-    """prescreen's part of the tag now ("" when there is none)."""
-    from torch.compiler import config
-
-    tail = config.cache_key_tag.rpartition(_SEPARATOR)[2]
-    return tail if tail.startswith(PREFIX) else ""
 
 
 def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def tagged_compile_fx(model: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
         try:
-            apply(device_of(example_inputs))
+            apply(next((v.device for v in example_inputs if isinstance(v, torch.Tensor)), torch.device("cpu")))
         except Exception as exc:  # never break a compile
             log.debug("prescreen: budget tag not set (%r)", exc)
         return original(model, example_inputs, *args, **kwargs)
@@ -184,14 +138,11 @@ def patch(module: Any) -> None:
 
 
 def unpatch() -> None:
-    """Restore ``compile_fx`` and the user's tag."""
-    import sys
-
+    """Restore ``compile_fx``, the runtime autotune cache's key and the user's tag."""
     module: Any = sys.modules.get(MODULE)
-    if module is not None:
-        original = getattr(getattr(module, "compile_fx", None), _ORIGINAL_ATTR, None)
-        if original is not None:
-            module.compile_fx = original
+    original = getattr(getattr(module, "compile_fx", None), _ORIGINAL_ATTR, None)
+    if original is not None:
+        module.compile_fx = original
     cache_module: Any = sys.modules.get("torch._inductor.runtime.autotune_cache")
     if cache_module is not None:
         key_fn = cache_module.AutotuneCache.__dict__.get("_prepare_key")
@@ -199,4 +150,7 @@ def unpatch() -> None:
         if original_key is not None:
             cache_module.AutotuneCache._prepare_key = staticmethod(original_key)
     if "torch.compiler" in sys.modules:
-        clear()
+        from torch.compiler import config
+
+        with _lock:
+            config.cache_key_tag = user_tag(config.cache_key_tag)
