@@ -1,13 +1,9 @@
 """Guard Inductor's max-autotune algorithm selection (CPU and CUDA).
 
-``AlgorithmSelectorCache.__call__`` benchmarks every choice on example inputs
-it synthesizes from the size hints of the symbolic input and output layouts
-(``benchmark_example_value`` -> ``rand_strided``). The guard builds the plan of
-those inputs straight off the IR at every selection (as Inductor's own
-``key_of`` does), decides with the shared estimator, budget and store, and over
-budget hands the selector only the ATen extern choice, which it returns without
-benchmarking. ``autotune`` is wrapped for the OOM retry, ``lookup`` so that the
-retry's answer is never written to Inductor's autotune cache as timings.
+``AlgorithmSelectorCache.__call__`` benchmarks every choice on inputs synthesized from the layouts' size
+hints. The guard builds their plan off the IR at every selection (as Inductor's ``key_of`` does) and, over
+budget, hands the selector only the ATen extern choice, which it returns unbenchmarked. ``autotune`` is
+wrapped for the OOM retry, ``lookup`` so that the retry's answer is never written as timings.
 """
 
 from __future__ import annotations
@@ -29,8 +25,9 @@ from prescreen.plan import KernelPlan, TensorArg, WorkspaceArg
 from prescreen.service import lookup_or_decide
 
 __all__ = [
-    "CONV_WORKSPACE_COPIES", "GPU_SLACK_BYTES", "TRITON_FLUSH_BYTES", "benchmark_plan", "concrete_tensor_arg",
-    "extern_workspace_copies", "flush_buffer_bytes", "patch", "plan_for_selection", "unpatch",
+    "CONV_WORKSPACE_COPIES", "GPU_SLACK_BYTES", "TRITON_FLUSH_BYTES", "benchmark_buffers", "benchmark_plan",
+    "concrete_tensor_arg", "extern_workspace_copies", "flush_buffer_bytes", "patch", "patch_attr",
+    "plan_for_selection", "unpatch", "unpatch_attr",
 ]
 
 log = logging.getLogger("prescreen.hooks")
@@ -93,18 +90,12 @@ def _grows(e: Any) -> bool:
 
 
 class _Converter:
-    """Turns IR sizes into expressions over axes named after their symbols, for one plan.
+    """Turns IR sizes into expressions over axes named after their symbols.
 
-    Each symbol's value is the upper bound of its hint's shape family
-    (``prescreen.families``, read under the ShapeEnv's current range), so the plan,
-    and the key, is the same for every hint in the bucket and the estimate never
-    undercounts one of them. An expression the estimator cannot read, or one not
-    known to grow with its symbols (``_grows``), is taken at the hint itself (its
-    plan keys by the hint).
-
-    One converter serves the plans of one guarded step: each symbol's family is
-    read once, and each plan's axes are the symbols met since the last plan
-    (``benchmark_plan``).
+    A symbol's value is the upper bound of its hint's shape family (``prescreen.families``, under the
+    ShapeEnv's current range), so every hint in the bucket shares the plan and none is undercounted; an
+    expression the estimator cannot read, or not known to grow (``_grows``), is taken at the hint. One
+    converter serves one guarded step; each plan's axes are the symbols met since the last plan.
     """
 
     def __init__(self, sizevars: Any, scheme: families.Scheme | None = None) -> None:
@@ -173,12 +164,8 @@ _flush_bytes: dict[tuple[str, int], int] = {}
 
 
 def flush_buffer_bytes(device: Any) -> int:
-    """Bytes the GPU benchmarker allocates to flush the L2 cache between timings (0 on CPU).
-
-    Inductor's GPU benchmarker flushes with an L2-sized buffer on CUDA (measured
-    on an H200 with torch 2.11: exactly the 60 MiB L2) and with Triton's 256 MiB
-    one on ROCm; an unknown L2 size counts as 256 MiB. Read once per device.
-    """
+    """Bytes the GPU benchmarker allocates to flush the L2 cache between timings (0 on CPU): an L2-sized buffer
+    on CUDA (the 60 MiB L2 measured on an H200, torch 2.11), Triton's 256 MiB on ROCm or where L2 is unknown."""
     kind = getattr(device, "type", "cpu")
     if kind in ("cpu", "meta"):
         return 0
@@ -205,25 +192,16 @@ def flush_buffer_bytes(device: Any) -> int:
 #: (cuDNN runs NHWC kernels and transposes both), 1x for channels-last conv2d.
 CONV_WORKSPACE_COPIES = {"contiguous": 2, "channels_last": 1}
 
-#: Selections whose ATen extern choice needs a library workspace on GPUs.
-_WORKSPACE_OPS = ("convolution",)
-
-
-def _channels_last(conv: _Converter, node: Any) -> bool:
-    """Channel dim (1) has stride 1 with more than one channel: NHWC / NDHWC / NLC."""
-    try:
-        size, stride = list(node.get_size()), list(_strides_of(node))
-        return len(size) >= 3 and conv.hint(stride[1]) == 1 and conv.hint(size[1]) > 1
-    except Exception:
-        return False
-
-
 def extern_workspace_copies(name: str, device: Any, conv: _Converter | None = None, node: Any = None) -> int:
     """Copies of (input + output) the extern choice of selection ``name`` needs as workspace (0 on CPU)."""
-    if getattr(device, "type", "cpu") in ("cpu", "meta") or name not in _WORKSPACE_OPS:
+    if getattr(device, "type", "cpu") in ("cpu", "meta") or name != "convolution":
         return 0
-    if conv is not None and node is not None and _channels_last(conv, node):
-        return CONV_WORKSPACE_COPIES["channels_last"]
+    try:  # channels last: channel dim (1) of stride 1 with more than one channel (NHWC / NDHWC / NLC)
+        size, stride = list(node.get_size()), list(_strides_of(node))
+        if conv is not None and len(size) >= 3 and conv.hint(stride[1]) == 1 and conv.hint(size[1]) > 1:
+            return CONV_WORKSPACE_COPIES["channels_last"]
+    except Exception:
+        pass
     return CONV_WORKSPACE_COPIES["contiguous"]
 
 
@@ -253,24 +231,22 @@ def plan_for_selection(name: str, input_nodes: Sequence[Any], layout: Any) -> Ke
     return benchmark_plan(conv, args, layout.device, f"select:{name}")
 
 
-def benchmark_plan(conv: _Converter, args: list[TensorArg | WorkspaceArg], device: Any, kernel_name: str) -> KernelPlan:
-    """A plan of ``args`` plus the GPU benchmarker's flush buffer and slack, over the axes ``conv`` met since its
-    last plan."""
+def benchmark_buffers(device: Any) -> list[WorkspaceArg]:
+    """The GPU benchmarker's flush buffer and slack (none on CPU)."""
     flush = flush_buffer_bytes(device)
-    if flush:
-        dev = str(device)
-        args.append(WorkspaceArg("benchmark.cache_flush", Const(flush), "torch.uint8", dev, "NONE"))
-        args.append(WorkspaceArg("benchmark.slack", Const(GPU_SLACK_BYTES), "torch.uint8", dev, "NONE"))
+    if not flush:
+        return []
+    return [WorkspaceArg("benchmark.cache_flush", Const(flush), "torch.uint8", str(device), "NONE"),
+            WorkspaceArg("benchmark.slack", Const(GPU_SLACK_BYTES), "torch.uint8", str(device), "NONE")]
+
+
+def benchmark_plan(conv: _Converter, args: list[TensorArg | WorkspaceArg], device: Any, kernel_name: str) -> KernelPlan:
+    """A plan of ``args`` plus the benchmark's buffers, over the axes ``conv`` met since its last plan."""
     axes = tuple(sorted(conv.axes))
     conv.axes = set()
-    return KernelPlan(
-        group_features=(),
-        axis_names=axes,
-        axis_static_values=tuple((a, conv.statics[a]) for a in axes),
-        args=tuple(args),
-        kernel_name=kernel_name,
-        axis_labels=tuple((a, conv.labels[a]) for a in axes if a in conv.labels),
-    )
+    return KernelPlan(group_features=(), axis_names=axes, axis_static_values=tuple((a, conv.statics[a]) for a in axes),
+                      args=(*args, *benchmark_buffers(device)), kernel_name=kernel_name,
+                      axis_labels=tuple((a, conv.labels[a]) for a in axes if a in conv.labels))
 
 
 def concrete_tensor_arg(label: str, tensor: Any) -> TensorArg:
@@ -281,19 +257,15 @@ def concrete_tensor_arg(label: str, tensor: Any) -> TensorArg:
 
 
 def _fallback_choice(choices: Sequence[Any]) -> Any | None:
+    """The ATen extern choice, the one upstream offers that benchmarks nothing alone."""
     from torch._inductor.select_algorithm import ExternKernelCaller
 
-    for choice in choices:
-        if isinstance(choice, ExternKernelCaller):
-            return choice
-    return None
+    return next((c for c in choices if isinstance(c, ExternKernelCaller)), None)
 
 
 def _all_timings_cached(selector: Any, name: str, choices: list[Any], input_nodes: Sequence[Any]) -> bool:
-    """Whether Inductor's local autotune cache already holds a timing for every choice: upstream then
-    benchmarks nothing (``PersistentCache.lookup`` answers from the cache), so there is nothing to guard.
-
-    CUTLASS choices are left out of this shortcut: upstream may benchmark them to read their workspace."""
+    """Whether Inductor's local autotune cache holds a timing for every choice: upstream then benchmarks
+    nothing. Not for CUTLASS choices, which upstream may benchmark to read their workspace."""
     from torch._inductor.select_algorithm import create_inputs_key
 
     if any("CUTLASS" in type(c).__name__ for c in choices):
@@ -353,46 +325,36 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
                            "prescreen: select-algorithm guard failed (%r); autotuning as upstream would", exc)
         return original(*args, **kwargs)
 
-    setattr(guarded_call, ORIGINAL_ATTR, original)
     return guarded_call
 
 
 def _wrap_autotune(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``autotune`` (where the selection's inputs are synthesized and benchmarked), with an OOM retry.
-
-    On an out-of-memory error the step's tensors are released and the ATen
-    extern choice is returned as the winner (timing 0, every other choice
-    inf), which is what upstream does with that one choice: no benchmark.
-    """
+    """``autotune`` (where the inputs are synthesized and benchmarked): on an OOM, the ATen extern choice
+    wins (timing 0, every other inf), as upstream does with that one choice alone."""
     signature = inspect.signature(original)
 
     @functools.wraps(original)
     def guarded_autotune(*args: Any, **kwargs: Any) -> Any:
         try:
-            return original(*args, **kwargs)
-        except Exception as exc:
-            if not oom.is_oom(exc):
-                raise
-            try:
-                bound = signature.bind(*args, **kwargs)
-                name, input_nodes, layout = (bound.arguments[k] for k in ("name", "input_nodes", "layout"))
-                choices = list(bound.arguments["choices"])
-            except Exception:
-                raise exc from None
+            bound = signature.bind(*args, **kwargs).arguments
+            name, input_nodes, layout, choices = (bound[k] for k in ("name", "input_nodes", "layout", "choices"))
             fallback = _fallback_choice(choices)
-            if fallback is None:
-                raise  # nothing upstream offers to fall back to
-            info = oom.info(exc, layout.device)
-        oom.release(layout.device)  # the failed step's frames are gone once the except block ends
-        oom.record(lambda: [plan_for_selection(name, input_nodes, layout)], layout.device, info,
-                   f"the autotune benchmark of {name} ({len(choices)} choices)",
-                   getattr(fallback, "name", type(fallback).__name__))
-        timings = {c: (0.0 if c is fallback else float("inf")) for c in choices}
-        if getattr(_lookups, "depth", 0):
-            raise _FellBack(timings)  # through upstream's lookup, which then writes none of them
-        return timings
+        except Exception:
+            fallback = None
+        if fallback is None:  # nothing upstream offers to fall back to
+            return original(*args, **kwargs)
 
-    setattr(guarded_autotune, ORIGINAL_ATTR, original)
+        def aten_wins() -> dict[Any, float]:
+            timings = {c: (0.0 if c is fallback else float("inf")) for c in choices}
+            if getattr(_lookups, "depth", 0):
+                raise _FellBack(timings)  # through upstream's lookup, which then writes none of them
+            return timings
+
+        return oom.retry(lambda: original(*args, **kwargs), aten_wins, layout.device,
+                         lambda: [plan_for_selection(name, input_nodes, layout)],
+                         f"the autotune benchmark of {name} ({len(choices)} choices)",
+                         getattr(fallback, "name", type(fallback).__name__))
+
     return guarded_autotune
 
 
@@ -409,10 +371,8 @@ _lookups = threading.local()
 
 
 def _wrap_lookup(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``AlgorithmSelectorCache.lookup`` (``PersistentCache.lookup``): upstream writes whatever its benchmark
-    returns to the local autotune cache. After an OOM retry those are not timings (0 for ATen, inf for the
-    rest): written, they would make every later compile pick ATen with no benchmark, whatever prescreen
-    decides then. The retry's answer is returned here instead, and nothing is written."""
+    """``lookup`` writes what its benchmark returns to the local autotune cache: an OOM retry's answer written
+    there would make every later compile pick ATen unbenchmarked, whatever its budget. It is returned instead."""
 
     @functools.wraps(original)
     def guarded_lookup(self: Any, choices: Any, *args: Any, **kwargs: Any) -> Any:
@@ -425,16 +385,7 @@ def _wrap_lookup(original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             _lookups.depth = depth
 
-    setattr(guarded_lookup, ORIGINAL_ATTR, original)
     return guarded_lookup
-
-
-def _params_ok(fn: Callable[..., Any], expected: tuple[str, ...]) -> bool:
-    try:
-        params = list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return False
-    return tuple(params[: len(expected)]) == expected
 
 
 def patch_attr(cls: Any, attr: str, expected: tuple[str, ...], wrap: Callable[..., Any], what: str) -> bool:
@@ -448,28 +399,31 @@ def patch_attr(cls: Any, attr: str, expected: tuple[str, ...], wrap: Callable[..
         return False
     if hasattr(current, ORIGINAL_ATTR):
         return True
-    if not _params_ok(current, expected):
+    try:
+        params = tuple(inspect.signature(current).parameters)[: len(expected)]
+    except (TypeError, ValueError):
+        params = ()
+    if params != expected:
         log.warning("prescreen: %s.%s in torch %s does not take (%s); the %s guard is not installed",
                     cls.__name__, attr, torch.__version__, ", ".join(expected[1:]), what)
         return False
-    setattr(cls, attr, wrap(current))
+    wrapped = wrap(current)
+    setattr(wrapped, ORIGINAL_ATTR, current)
+    setattr(cls, attr, wrapped)
     return True
 
 
-def unpatch_attr(cls: Any, attr: str) -> None:
-    original = getattr(getattr(cls, attr, None), ORIGINAL_ATTR, None)
-    if original is not None:
-        setattr(cls, attr, original)
+def unpatch_attr(cls: Any, *attrs: str) -> None:
+    """Put back upstream's methods where ``patch_attr`` wrapped them."""
+    for attr in attrs:
+        original = getattr(getattr(cls, attr, None), ORIGINAL_ATTR, None)
+        if original is not None:
+            setattr(cls, attr, original)
 
 
 def patch() -> bool:
-    """Install the guards on Inductor's algorithm selection; True if the selection guard is installed.
-
-    ``AlgorithmSelectorCache.__call__`` (the decision), ``.autotune`` (the OOM
-    retry), ``.lookup`` (no retry answer cached as timings), the epilogue-fusion
-    guard (``prescreen.hooks.inductor_fusion``) and Triton's runtime autotuning
-    (``prescreen.hooks.triton_autotune``).
-    """
+    """Install the guards on ``AlgorithmSelectorCache`` (``__call__`` decides, ``autotune`` retries an OOM,
+    ``lookup`` caches no retry), epilogue fusion and Triton runtime autotuning; True if selection is guarded."""
     from torch._inductor.select_algorithm import AlgorithmSelectorCache
 
     from prescreen.hooks import inductor_fusion, triton_autotune
@@ -491,7 +445,6 @@ def unpatch() -> None:
 
     module = sys.modules.get("torch._inductor.select_algorithm")
     if module is not None:
-        for attr in ("__call__", "autotune", "lookup"):
-            unpatch_attr(module.AlgorithmSelectorCache, attr)
+        unpatch_attr(module.AlgorithmSelectorCache, "__call__", "autotune", "lookup")
     inductor_fusion.unpatch()
     triton_autotune.unpatch()

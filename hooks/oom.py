@@ -1,16 +1,8 @@
 """Recognise an out-of-memory error inside a guarded benchmark step, and clean up after it.
 
-Which errors count (checked against the exception and its ``__cause__`` /
-``__context__`` chain, so an allocator failure wrapped by Triton's or
-Inductor's benchmarker is still seen):
-
-- ``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError`` is the same class);
-- any exception class whose name ends in ``OutOfMemoryError`` (torch_npu's, by name);
-- a ``RuntimeError`` whose message says ``out of memory`` (how torch_npu and
-  older allocators report it: "NPU out of memory", "CUDA error: out of memory").
-
-Triton's ``OutOfResources`` (shared memory or registers) is not an OOM: the
-benchmarker already treats it as an invalid config.
+An OOM is ``torch.OutOfMemoryError``, any class named ``*OutOfMemoryError`` (torch_npu's), or a
+``RuntimeError`` saying "out of memory", anywhere in the exception's cause/context chain (Triton's and
+Inductor's benchmarkers wrap it). Triton's ``OutOfResources`` is not one: upstream treats it as an invalid config.
 """
 
 from __future__ import annotations
@@ -19,13 +11,15 @@ import gc
 import logging
 import re
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from prescreen.plan import KernelPlan
 
 #: What a guard knows of an OOM: bytes requested, bytes free on the device, the error in one line.
 Info = tuple[int | None, int | None, str]
+
+T = TypeVar("T")
 
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 _TRIED = re.compile(r"[Tt]ried to allocate\s+([0-9.]+)\s*(B|KiB|MiB|GiB|TiB)")
@@ -67,12 +61,6 @@ def requested_bytes(exc: BaseException) -> int | None:
     return None
 
 
-def describe(exc: BaseException) -> str:
-    """One line naming the error, for the stored reason."""
-    first = (str(exc).splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {first}"[:240]
-
-
 def _backend(device: Any) -> Any:
     kind = getattr(device, "type", None) or str(device).split(":")[0]
     if kind in ("cpu", "meta", ""):
@@ -107,8 +95,9 @@ def release(device: Any) -> None:
 
 
 def info(exc: BaseException, device: Any) -> Info:
-    """The facts an ``observed_oom`` entry keeps: bytes requested, bytes free now, the error."""
-    return requested_bytes(exc), free_bytes(device), describe(exc)
+    """The facts an ``observed_oom`` entry keeps: bytes requested, bytes free now, the error in one line."""
+    first = (str(exc).splitlines() or [""])[0]
+    return requested_bytes(exc), free_bytes(device), f"{type(exc).__name__}: {first}"[:240]
 
 
 def record(plans_of: Callable[[], Sequence["KernelPlan"]], device: Any, facts: Info, what: str,
@@ -130,3 +119,18 @@ def record(plans_of: Callable[[], Sequence["KernelPlan"]], device: Any, facts: I
     log.warning("prescreen: %s ran out of memory (%s; requested %s bytes, %s free); redone with %s "
                 "and stored as observed_oom [key %s]", what, error, requested, free, fallback_name,
                 ", ".join(keys) or "?")
+
+
+def retry(run: Callable[[], T], fallback: Callable[[], T], device: Any, plans_of: Callable[[], Sequence[KernelPlan]],
+          what: str, fallback_name: str) -> T:
+    """``run()``; on an out-of-memory error, the step's memory released, the fact stored under ``plans_of()``,
+    ``fallback()``. Any other error propagates."""
+    try:
+        return run()
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        facts = info(exc, device)
+    release(device)  # the failed step's frames are gone once the except block ends
+    record(plans_of, device, facts, what, fallback_name)
+    return fallback()

@@ -357,6 +357,45 @@ def test_warm_sees_every_step(gpu_like: DiskStore, monkeypatch: pytest.MonkeyPat
     assert seen == ["autotune:triton_poi_fused_add_0"] and len(list(gpu_like.entries())) == 1
 
 
+@pytest.mark.parametrize(("ratio", "coordesc_oom", "saved", "descended", "kept"), [
+    (0.25, False, ["cfg2"], ["cfg2"], "cfg9"),  # within budget: upstream saves its winner and tunes around it
+    (1e-9, False, [], [], "cfg0"),              # over budget: the first config, neither saved nor tuned around
+    (0.25, True, ["cfg2"], ["cfg2"], "cfg2"),   # an OOM in coordinate descent keeps the launcher, stores the fact
+])
+def test_a_runtime_fallback_is_never_saved_nor_tuned_by_coordinate_descent(
+    gpu_like: DiskStore, ratio: float, coordesc_oom: bool, saved: list[str], descended: list[str], kept: str
+) -> None:
+    from prescreen.hooks import state, triton_autotune
+
+    tuned: list[str] = []
+
+    class Tuner(FakeAutotuner):
+        benchmark_all_configs = triton_autotune._wrap(FakeAutotuner.benchmark_all_configs)
+
+        @triton_autotune._wrap_one_config
+        def autotune_to_one_config(self, *args: Any, **kwargs: Any) -> Any:
+            timings = self.benchmark_all_configs(*args, **kwargs)
+            self.save_cache_hook(min(timings, key=timings.get).config)
+            return min(timings, key=timings.get)
+
+        @triton_autotune._wrap_coordesc
+        def coordinate_descent_tuning(self, launcher: Any, *args: Any, **kwargs: Any) -> Any:
+            tuned.append(launcher.config)
+            if coordesc_oom:
+                raise torch.OutOfMemoryError(OOM_TEXT)
+            return _Launcher(9)
+
+    state.configure(ratio=ratio)
+    tuner, written = Tuner(raise_oom=False), []
+    tuner.save_cache_hook = written.append
+    best = tuner.autotune_to_one_config(*_args())
+    assert tuner.coordinate_descent_tuning(best, *_args()).config == kept
+    assert (written, tuned) == (saved, descended)
+    assert [is_observed_oom(e.decision) for e in gpu_like.entries()] == [coordesc_oom]
+    if kept != "cfg9":  # skipped: answered at once from then on
+        assert tuner.coordinate_descent_tuning(best, *_args()) is best and tuned == descended
+
+
 # ------------------------------------------------------------------ a real CPU compile (algorithm selection)
 
 
@@ -464,6 +503,7 @@ def _mem_args() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     (0, 2 * MIB, ["in_out_ptr0"]),
     (MIB, 3 * MIB, ["in_out_ptr0", "in_out_ptr1", "in_out_ptr2"]),  # headroom 1 -> 4 -> 7 MiB
     (0, 7 * MIB, ["in_out_ptr0", "in_out_ptr1", "in_out_ptr2"]),  # the flush alone holds all 7 MiB
+    (0, 7 * MIB - 1, ["in_out_ptr0", "in_out_ptr1", "in_out_ptr2"]),  # 1 byte short: 0 -> 7 MiB - 1 -> 13 MiB - 1
 ])
 def test_runtime_plan_mirrors_upstreams_host_copy_rule(monkeypatch: pytest.MonkeyPatch, headroom: int | None,
                                                        flush: int, expected: list[str]) -> None:
@@ -471,99 +511,41 @@ def test_runtime_plan_mirrors_upstreams_host_copy_rule(monkeypatch: pytest.Monke
     from prescreen.hooks import triton_autotune
 
     monkeypatch.setattr(triton_autotune, "HOST_COPY_DEVICES", ("cpu",))
-    monkeypatch.setattr(triton_autotune, "_peak_headroom", lambda _device: headroom)
+    monkeypatch.setattr(triton_autotune, "_peak_headroom", lambda: headroom)
     tuner = _MemTuner(optimize_mem=True)
     named = triton_autotune._named_args(tuner, _mem_args(), {})
     kept = triton_autotune._device_clones(tuner, named, torch.device("cpu"), flush)
     assert [name for name, _ in kept] == expected
-
-
-@pytest.mark.parametrize(("flush", "read"), [(7 * MIB, False), (7 * MIB - 1, True)])
-def test_runtime_plan_reads_no_statistics_where_the_flush_holds_every_clone(
-    monkeypatch: pytest.MonkeyPatch, flush: int, read: bool
-) -> None:
-    """The second config clones every arg the flush buffer holds (its budget is at least the flush): the
-    headroom is read only where it can change the answer."""
-    from prescreen.hooks import triton_autotune
-
-    reads: list[object] = []
-    monkeypatch.setattr(triton_autotune, "HOST_COPY_DEVICES", ("cpu",))
-    monkeypatch.setattr(triton_autotune, "_peak_headroom", lambda device: reads.append(device) or 0)
-    tuner = _MemTuner(optimize_mem=True)
-    kept = triton_autotune._device_clones(tuner, triton_autotune._named_args(tuner, _mem_args(), {}),
-                                          torch.device("cpu"), flush)
-    assert ([name for name, _ in kept], bool(reads)) == (tuner.mutated_arg_names, read)  # 1 byte short: 3 configs
-    tuner.launchers = tuner.launchers[:1]  # one config: nothing is benchmarked after the flush
-    assert triton_autotune._device_clones(tuner, triton_autotune._named_args(tuner, _mem_args(), {}),
-                                          torch.device("cpu"), flush) == []
+    if headroom == 0:
+        tuner.launchers = tuner.launchers[:1]  # one config: nothing is benchmarked after the flush
+        assert triton_autotune._device_clones(tuner, named, torch.device("cpu"), flush) == []
 
 
 def test_runtime_plan_without_optimize_mem_clones_every_mutated_arg(monkeypatch: pytest.MonkeyPatch) -> None:
     from prescreen.hooks import triton_autotune
 
     monkeypatch.setattr(triton_autotune, "HOST_COPY_DEVICES", ("cpu",))
-    monkeypatch.setattr(triton_autotune, "_peak_headroom", lambda _device: 0)
+    monkeypatch.setattr(triton_autotune, "_peak_headroom", lambda: 0)
     plan = triton_autotune.plan_for_autotuner(_MemTuner(optimize_mem=False), _mem_args(), {})
     assert [a.name for a in plan.args] == ["clone:in_out_ptr0", "clone:in_out_ptr1", "clone:in_out_ptr2"]
 
 
-def _cuda_table(peak: int, current: int) -> dict[str, Any]:
-    """An allocator statistics table shaped as CUDA's (nested by stat, pool, then current/peak/...)."""
-    pools = ("all", "small_pool", "large_pool")
-    counts = {"current": current, "peak": peak, "allocated": peak + 7, "freed": 7}
-    table: dict[str, Any] = {name: {pool: dict(counts) for pool in pools}
-                             for name in ("allocated_bytes", "reserved_bytes", "active_bytes", "allocation")}
-    table.update({"num_alloc_retries": 0, "num_ooms": 1, "max_split_size": -1})
-    return table
-
-
-@pytest.mark.parametrize("table", [
-    _cuda_table(5 * MIB, 2 * MIB),
-    _cuda_table(0, 0),
-    {"allocated_bytes": {"all": {"peak": 9}}},  # no current: upstream reads 0
-    {"allocated_bytes": {"all": {}}},
-    {"allocated_bytes": {}},  # no "all": the caller calls upstream's functions
-    {},
-    {"allocated_bytes": {"all": {"peak": {"odd": 1}, "current": 1}}},  # deeper than upstream reads
+@pytest.mark.parametrize(("accelerator", "peak", "current", "expected"), [
+    (torch.device("cuda", 0), 11 * MIB, 4 * MIB, 7 * MIB),
+    (None, 11 * MIB, 4 * MIB, None),  # no accelerator: upstream clones every mutated arg
 ])
-@pytest.mark.parametrize("initialized", [True, False])
-def test_peak_headroom_reads_what_torchs_accelerator_functions_read(
-    monkeypatch: pytest.MonkeyPatch, table: dict[str, Any], initialized: bool
-) -> None:
-    """One read of the nested table gives ``max_memory_allocated() - memory_allocated()``, as upstream computes it
-    (torch's own functions, run here on the same table)."""
+def test_peak_headroom_is_what_upstream_reads(monkeypatch: pytest.MonkeyPatch, accelerator: Any, peak: int,
+                                              current: int, expected: int | None) -> None:
     from prescreen.hooks import triton_autotune
 
     acc = torch.accelerator
-    reads: list[int] = []
+    monkeypatch.setattr(acc, "current_accelerator", lambda *a, **k: accelerator)
+    monkeypatch.setattr(acc, "max_memory_allocated", lambda *a: peak)
+    monkeypatch.setattr(acc, "memory_allocated", lambda *a: current)
+    assert triton_autotune._peak_headroom() == expected
 
-    def stats_of(index: int) -> dict[str, Any]:
-        reads.append(index)
-        return table
+    def custom_allocator(*a: Any) -> int:
+        raise RuntimeError("custom allocator: no statistics")
 
-    monkeypatch.setattr(torch._C, "_accelerator_getDeviceStats", stats_of)
-    monkeypatch.setattr(torch._C, "_accelerator_isAllocatorInitialized", lambda: initialized)
-    monkeypatch.setattr(acc, "current_accelerator", lambda *a, **k: torch.device("cuda", 0))
-    monkeypatch.setattr(acc, "current_device_index", lambda: 0)
-    try:
-        upstream: int | None = int(acc.max_memory_allocated()) - int(acc.memory_allocated())
-    except (RuntimeError, AttributeError, TypeError):
-        upstream = None
-    upstream_reads = len(reads)
-    reads.clear()
-    assert triton_autotune._peak_headroom(torch.device("cuda", 0)) == upstream
-    if initialized:
-        assert upstream_reads == 2
-        shaped = isinstance(table.get("allocated_bytes", {}).get("all"), dict) and not any(
-            isinstance(v, dict) for v in table["allocated_bytes"]["all"].values())
-        assert len(reads) == (1 if shaped else 3)  # one read, or the fallback to upstream's two
-
-
-def test_peak_headroom_calls_upstream_where_its_functions_are_not_torchs(monkeypatch: pytest.MonkeyPatch) -> None:
-    from prescreen.hooks import triton_autotune
-
-    acc = torch.accelerator
-    monkeypatch.setattr(acc, "current_accelerator", lambda *a, **k: torch.device("cuda", 0))
-    monkeypatch.setattr(acc, "max_memory_allocated", lambda *a: 11 * MIB)
-    monkeypatch.setattr(acc, "memory_allocated", lambda *a: 4 * MIB)
-    assert triton_autotune._peak_headroom(torch.device("cuda", 0)) == 7 * MIB
+    monkeypatch.setattr(acc, "max_memory_allocated", custom_allocator)
+    assert triton_autotune._peak_headroom() is None
