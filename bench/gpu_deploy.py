@@ -37,6 +37,7 @@ BY_CALLER: dict[str, int] = {}  # a replica's benchmarks by the Inductor step th
 STACKS: dict[str, int] = {}  # the call chains of a replica's compile-time ("autotune") benchmarks
 PRESCREEN_S: dict[str, float] = {}  # seconds inside prescreen's plan building and lookups, by hook
 CALLS: dict[str, int] = {}
+DECIDE_CALLS: dict[str, int] = {}  # the runtime guard's decisions: by call chain, kernel, autotuner, result
 MODE = "max-autotune-no-cudagraphs"
 BATCHES = (4, 8, 16)  # one per family of batch=4..16 under the default power-of-two buckets
 DEVICE = os.environ.get("DEPLOY_DEVICE", "cuda")  # cpu: a dry run of the flow (nothing autotunes)
@@ -120,6 +121,24 @@ def _time_prescreen() -> None:
     timed(inductor_select, "plan_for_selection", "selection plans")
     timed(inductor_select, "lookup_or_decide", "selection lookups")
     timed(triton_autotune, "_decide", "runtime plans + lookups")
+    inner_decide = triton_autotune._decide
+    tuners: set[int] = set()
+
+    def traced_decide(autotuner: Any, *args: Any, **kwargs: Any) -> Any:
+        """Count the runtime guard's decisions by call chain (who asks, how often) and by result."""
+        chain, f = [], sys._getframe(1)
+        while f is not None and len(chain) < 9:
+            chain.append(f"{Path(f.f_code.co_filename).name}:{f.f_code.co_name}")
+            f = f.f_back  # type: ignore[assignment]
+        tuners.add(id(autotuner))
+        out = inner_decide(autotuner, *args, **kwargs)
+        for what in (" < ".join(chain), "result " + ("none" if out is None else
+                                                     "tune" if out[2].decision.tune else "fallback")):
+            DECIDE_CALLS[what] = DECIDE_CALLS.get(what, 0) + 1
+        DECIDE_CALLS["distinct autotuners"] = len(tuners)
+        return out
+
+    triton_autotune._decide = traced_decide
 
 
 def _compile_all() -> None:
@@ -156,6 +175,7 @@ def _compile_all() -> None:
         "best_configs": len(list(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).rglob("*.best_config"))),
         "fx_hit": ind["fxgraph_cache_hit"], "digests": digests, "tag": torch.compiler.config.cache_key_tag,
         "prescreen_s": PRESCREEN_S, "calls": CALLS, "stacks": STACKS,
+        "decide_calls": DECIDE_CALLS,
     }), flush=True)
 
 
