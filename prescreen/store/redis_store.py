@@ -1,19 +1,13 @@
 """The fleet store: Redis, same keys and JSON values as the disk store.
 
-Layout: ``prescreen:v1:{<key>}`` holds the entry's JSON text and
-``prescreen:v1:{<key>}:hits`` its hit counter (the braces are a Redis Cluster
-hash tag, so both live in one slot). ``put`` is ``SET NX``; an invalid value, or a
-valid one a stricter entry outranks (``entry.outranks``), is replaced under ``WATCH``. A hit reads the value and increments the counter in
-one round trip (a Lua script; plain GET + INCR where scripting is refused).
+``prescreen:v1:{<key>}`` holds the entry's text and ``...:hits`` its hit counter (the braces are a Redis Cluster
+hash tag: one slot). ``put`` is ``SET NX``; an invalid value, or one a stricter entry outranks, is replaced under
+``WATCH``. A hit reads the value and counts in one round trip (a Lua script; plain commands where scripting is
+refused), and reads it only once ``STRLEN`` says it is within ``MAX_ENTRY_BYTES``.
 
-Faults: a lookup or a put has ``timeout`` (0.5 s) in all, however the
-server answers (``_Deadline``: every receive and send waits only for what is
-left, so a link that drips a few bytes at a time costs the timeout, not each
-read's timeout over and over); other commands have it each. redis-py's own
-retries are off; an unreachable or too slow server is warned about once and not
-contacted again for ``cooldown`` seconds, so a compile never waits on a dead
-Redis and decides locally. A value is read only once its size is known to be
-within ``MAX_ENTRY_BYTES`` (``STRLEN`` first, in the Lua script or not).
+A lookup or a put has ``timeout`` in all however the server answers (a link that drips a few bytes at a time
+costs the timeout, not each read's timeout over and over); a scan or a batch has it per command. An unreachable
+server is warned about once and left alone for ``cooldown`` seconds, so a compile never waits on a dead Redis.
 """
 
 from __future__ import annotations
@@ -37,31 +31,20 @@ from prescreen.store.base import Refused, Store, StoreStats
 from prescreen.store.entry import MAX_ENTRY_BYTES, Entry, outranks
 
 REDIS_URL_ENV = "PRESCREEN_REDIS_URL"
-DEFAULT_PREFIX = "prescreen:v1:"
-DEFAULT_TIMEOUT = 0.5
-DEFAULT_COOLDOWN = 30.0
 _BATCH = 200
 
-# Never fails on data: a value that is not a string or is over the size cap comes back as
-# {0, why} unread; a counter INCR refuses (not an integer, another type) is reset to 1 and
-# reported as -1; a counter read without counting is -1 unless it is a plain integer.
+# Never fails on data: a value that is not a string or is over the size cap comes back as {0, why} unread; a
+# counter INCR refuses (not an integer, another type) is reset to 1 and reported as -1.
 _GET_AND_COUNT = """
 local kind = redis.call('TYPE', KEYS[1])['ok']
 if kind == 'none' then return false end
 if kind ~= 'string' then return {0, 'a Redis ' .. kind .. ', not a string'} end
 local size = redis.call('STRLEN', KEYS[1])
-if size > tonumber(ARGV[2]) then return {0, 'a value of ' .. size .. ' bytes, over the cap'} end
+if size > tonumber(ARGV[1]) then return {0, 'a value of ' .. size .. ' bytes, over the cap'} end
 local value = redis.call('GET', KEYS[1])
-if ARGV[1] == '1' then
-  local ok, n = pcall(redis.call, 'INCR', KEYS[2])
-  if ok and n > 0 and n < 4611686018427387904 then return {value, n} end
-  redis.call('SET', KEYS[2], '1')
-  return {value, -1}
-end
-local ok, text = pcall(redis.call, 'GET', KEYS[2])
-if not ok then return {value, -1} end
-if not text then return {value, 0} end
-if string.match(text, '^%d+$') and string.len(text) < 19 then return {value, tonumber(text)} end
+local ok, n = pcall(redis.call, 'INCR', KEYS[2])
+if ok and n > 0 and n < 4611686018427387904 then return {value, n} end
+redis.call('SET', KEYS[2], '1')
 return {value, -1}
 """
 
@@ -91,23 +74,17 @@ def redact_url(url: str) -> str:
     return _SECRET_PARAMS.sub(lambda m: m.group(1) + "***", url)
 
 
-def _secrets(url: str) -> list[str]:
-    """Every form a password in ``url`` could take in an error message (longest first)."""
+def scrub(text: str, url: str) -> str:
+    """``text`` with every form ``url``'s password could take in a message (whole, in pieces, unquoted) as ``***``."""
     found: list[str] = []
     span = _userinfo(url)
     if span is not None:
         info = url[span[0] : span[1]]
-        found.append(info)
-        found.append(info.partition(":")[2] or info)
+        found += [info, info.partition(":")[2] or info]
     found.extend(m.group(2) for m in _SECRET_PARAMS.finditer(url))
-    pieces = [piece for text in list(found) for piece in re.split(r"[/@:?#&;]", text)]
-    decoded = [urllib.parse.unquote(text) for text in found]
-    return sorted({s for s in found + pieces + decoded if len(s) >= 2}, key=len, reverse=True)
-
-
-def scrub(text: str, url: str) -> str:
-    """``text`` with every form of ``url``'s password replaced by ``***`` (for error lines and warnings)."""
-    for secret in _secrets(url):
+    pieces = [piece for secret in found for piece in re.split(r"[/@:?#&;]", secret)]
+    decoded = [urllib.parse.unquote(secret) for secret in found]
+    for secret in sorted({s for s in found + pieces + decoded if len(s) >= 2}, key=len, reverse=True):
         text = text.replace(secret, "***")
     return text
 
@@ -120,12 +97,8 @@ class _Deadline(threading.local):
 
 
 class _DeadlineSocket:
-    """A connected socket (plain, TLS or Unix) whose receives and sends wait at most until ``deadline.at``.
-
-    redis-py's ``socket_timeout`` bounds each ``recv``; a server that answers 64 B every 0.25 s never trips
-    it. Here every ``recv``/``send`` gets only the time left (``TimeoutError`` once none is left, which
-    redis-py turns into ``redis.TimeoutError`` and a dropped connection); everything else is the socket's.
-    """
+    """A connected socket (plain, TLS or Unix) whose receives and sends wait at most until ``deadline.at``:
+    redis-py's ``socket_timeout`` bounds each ``recv``, which a server answering 64 B every 0.25 s never trips."""
 
     def __init__(self, sock: socket.socket, deadline: _Deadline) -> None:
         self._sock, self._deadline, self._timeout = sock, deadline, sock.gettimeout()
@@ -212,10 +185,9 @@ class RedisStore(Store):
         self,
         url: str | None = None,
         *,
-        prefix: str = DEFAULT_PREFIX,
-        timeout: float = DEFAULT_TIMEOUT,
-        cooldown: float = DEFAULT_COOLDOWN,
-        count_hits: bool = True,
+        prefix: str = "prescreen:v1:",
+        timeout: float = 0.5,
+        cooldown: float = 30.0,
     ) -> None:
         super().__init__()
         url = url or os.environ.get(REDIS_URL_ENV, "").strip()
@@ -225,7 +197,6 @@ class RedisStore(Store):
         self._url_secrets = url  # kept only to scrub messages; never shown
         self.prefix = prefix
         self.cooldown = cooldown
-        self.count_hits = count_hits
         try:
             self._client = redis.Redis.from_url(
                 url,
@@ -244,9 +215,6 @@ class RedisStore(Store):
         self._script = self._client.register_script(_GET_AND_COUNT)
         self._use_script = True
         self._down_until = 0.0
-        self._healthy = True
-
-    # -- plumbing -----------------------------------------------------------
 
     def warn_once(self, what: str, exc: BaseException | str) -> None:
         """As ``Store.warn_once``, with any form of the URL's password scrubbed from the message."""
@@ -257,13 +225,6 @@ class RedisStore(Store):
 
     def hits_key(self, key: str) -> str:
         return f"{self.prefix}{{{key}}}:hits"
-
-    def _key_of(self, redis_key: bytes | str) -> str | None:
-        text = redis_key.decode("utf-8", "replace") if isinstance(redis_key, bytes) else redis_key
-        head = self.prefix + "{"
-        if not (text.startswith(head) and text.endswith("}")):
-            return None
-        return text[len(head) : -1]
 
     def _call(self, op: Callable[[], T], default: T, force: bool = False, per_command: bool = False) -> T:
         """``op``, or ``default`` on a fault or while the server is left alone (``force``: a fact's write, tried
@@ -277,20 +238,15 @@ class RedisStore(Store):
         else:
             deadline.at = time.monotonic() + self.timeout
         try:
-            result = op()
+            return op()
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-            self._healthy = False
             self._down_until = time.monotonic() + self.cooldown
             self.warn_once("Redis is unreachable", f"{exc}; not contacting it for {self.cooldown:g} s")
-            return default
         except redis.RedisError as exc:
-            self._healthy = False
             self.warn_once("Redis error", exc)
-            return default
         finally:
             deadline.at = deadline.span = None
-        self._healthy = True
-        return result
+        return default
 
     def _counter(self, key: str, raw: object) -> int:
         """A hit counter as read back; one that is not a sane integer counts as 0 (and was reset when counting)."""
@@ -304,7 +260,7 @@ class RedisStore(Store):
         names = [self.entry_key(key), self.hits_key(key)]
         if self._use_script:
             try:
-                reply = self._script(keys=names, args=["1" if self.count_hits else "0", str(MAX_ENTRY_BYTES)])
+                reply = self._script(keys=names, args=[str(MAX_ENTRY_BYTES)])
             except redis.ResponseError:  # scripting disabled (a proxy, an ACL): plain commands
                 self._use_script = False
             else:
@@ -313,7 +269,16 @@ class RedisStore(Store):
                 if isinstance(reply[0], int):  # refused unread
                     return Refused(f"value is {_text(reply[1])}"), 0
                 return reply[0], self._counter(key, reply[1])
-        return self._fetch_plain(key, names)
+        value = self._read_value(self._client, names[0])
+        if value is None or isinstance(value, Refused):
+            return value, 0
+        try:
+            count = _count(self._client.incr(names[1]))
+        except redis.ResponseError:  # not an integer, or another type: restart it
+            count = None
+        if not count:
+            self._client.set(names[1], 1)
+        return value, self._counter(key, count or -1)
 
     @staticmethod
     def _read_value(client: redis.Redis | redis.client.Pipeline, name: str) -> object:
@@ -328,25 +293,6 @@ class RedisStore(Store):
         if size > MAX_ENTRY_BYTES:
             return Refused(f"value is a value of {size} bytes, over the cap")
         return client.get(name)
-
-    def _fetch_plain(self, key: str, names: list[str]) -> tuple[object, int]:
-        value = self._read_value(self._client, names[0])
-        if value is None or isinstance(value, Refused):
-            return value, 0
-        if not self.count_hits:
-            try:
-                return value, self._counter(key, self._client.get(names[1]) or b"0")
-            except redis.ResponseError:
-                return value, self._counter(key, None)
-        try:
-            count = _count(self._client.incr(names[1]))
-        except redis.ResponseError:  # not an integer, or another type: restart it
-            count = None
-        if count is None or count == 0:
-            self._client.set(names[1], 1)
-        return value, self._counter(key, count if count else -1)
-
-    # -- the Store interface ----------------------------------------------------
 
     def get(self, key: str) -> Entry | None:
         nothing: tuple[object, int] = (None, 0)
@@ -383,9 +329,11 @@ class RedisStore(Store):
     def keys(self) -> list[str]:
         """Every entry key under this prefix (valid or not)."""
 
+        head = self.prefix + "{"
+
         def scan() -> list[str]:
-            found = (self._key_of(k) for k in self._client.scan_iter(match=self.prefix + "{*}", count=1000))
-            return [k for k in found if k]
+            names = (_text(n) for n in self._client.scan_iter(match=head + "*}", count=1000))
+            return [n[len(head) : -1] for n in names if n.startswith(head) and len(n) > len(head) + 1]  # ends in }
 
         return self._call(scan, [], per_command=True)
 
@@ -396,21 +344,14 @@ class RedisStore(Store):
                 pipe.strlen(self.entry_key(k))
             sizes = pipe.execute(raise_on_error=False)
         small = [k for k, n in zip(batch, sizes) if isinstance(n, int) and 0 < n <= MAX_ENTRY_BYTES]
-        names = [self.entry_key(k) for k in small] + [self.hits_key(k) for k in batch]
-        got = self._client.mget(names) if names else []
-        values = dict(zip(small, got))
-        counters = got[len(small) :]
-        out: list[tuple[object, object]] = []
-        for k, n, counter in zip(batch, sizes, counters):
-            if k in values:
-                out.append((values[k], counter))
-            elif isinstance(n, int) and n > MAX_ENTRY_BYTES:
-                out.append((Refused(f"value is a value of {n} bytes, over the cap"), counter))
-            elif not isinstance(n, int):
-                out.append((Refused("value is not a Redis string"), counter))
-            else:
-                out.append((None, counter))
-        return out
+        got = self._client.mget([self.entry_key(k) for k in small] + [self.hits_key(k) for k in batch])
+        values: dict[str, object] = dict(zip(small, got))
+        for k, n in zip(batch, sizes):
+            if not isinstance(n, int):
+                values[k] = Refused("value is not a Redis string")
+            elif n > MAX_ENTRY_BYTES:
+                values[k] = Refused(f"value is a value of {n} bytes, over the cap")
+        return [(values.get(k), counter) for k, counter in zip(batch, got[len(small) :])]
 
     def entries(self) -> Iterator[Entry]:
         keys = self.keys()
@@ -422,26 +363,25 @@ class RedisStore(Store):
             for key, (value, counter) in zip(batch, rows):
                 entry = self.decode(key, value)
                 if entry is not None:
-                    yield entry.with_hits(self._counter(key, counter if counter is not None else 0))
+                    yield entry.with_hits(self._counter(key, counter or 0))
+
+    def _delete(self, names: list[str] | list[bytes]) -> int:
+        """DEL ``names`` in batches; returns how many existed."""
+        return sum(int(self._client.delete(*names[i : i + _BATCH])) for i in range(0, len(names), _BATCH))
 
     def delete(self, keys: list[str]) -> int:
         def remove() -> int:
-            removed = 0
-            for start in range(0, len(keys), _BATCH):
-                batch = keys[start : start + _BATCH]
-                removed += int(self._client.delete(*[self.entry_key(k) for k in batch]))
-                self._client.delete(*[self.hits_key(k) for k in batch])
+            removed = self._delete([self.entry_key(k) for k in keys])
+            self._delete([self.hits_key(k) for k in keys])
             return removed
 
-        return self._call(remove, 0, per_command=True) if keys else 0
+        return self._call(remove, 0, per_command=True)
 
     def clear_all(self) -> int:
         keys = self.keys()
 
         def clear() -> int:
-            names = list(self._client.scan_iter(match=self.prefix + "*", count=1000))
-            for start in range(0, len(names), _BATCH):
-                self._client.delete(*names[start : start + _BATCH])
+            self._delete(list(self._client.scan_iter(match=self.prefix + "*", count=1000)))
             return len(keys)
 
         return self._call(clear, 0, per_command=True)
