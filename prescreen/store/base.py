@@ -19,8 +19,7 @@ S = TypeVar("S", bound="Store")
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Refused:
-    """A stored value a backend left unread or undecoded (pickled, over the size cap, another Redis type, a bad
-    file name): an invalid entry; ``why`` says which."""
+    """A stored value a backend left unread (pickled, over the size cap, a bad file name...): an invalid entry."""
 
     why: str
 
@@ -57,44 +56,39 @@ class Store(abc.ABC):
         """Count ``n`` more reads that found a valid entry."""
         self.hits += n
 
+    def _first(self, what: str) -> bool:
+        """True the first time this kind of fault is seen by this store."""
+        with self._warn_lock:
+            first = what not in self._warned
+            self._warned.add(what)
+        return first
+
     def warn_once(self, what: str, exc: BaseException | str) -> None:
         """Log a store fault once per kind of fault per store."""
-        with self._warn_lock:
-            if what in self._warned:
-                return
-            self._warned.add(what)
-        log.warning("prescreen %s store at %s: %s (%s); treating as a miss", self.backend, self.location, what, exc)
+        if self._first(what):
+            log.warning("prescreen %s store at %s: %s (%s); treating as a miss", self.backend, self.location, what, exc)
 
     def decode(self, key: str, raw: object, *, warn: bool = True) -> Entry | None:
-        """The valid entry in a stored value (JSON text), or None with one warning per kind of fault.
-
-        With a signing key, an entry whose signature is refused is served where it is stricter than
-        ``tune`` (``entry.read_stored``: a signature is what it takes to loosen), with one warning.
-        """
+        """The valid entry in a stored value (JSON text), or None with one warning per kind of fault. With a
+        signing key, a stricter entry whose signature is refused is served, with one warning (``read_stored``)."""
         if raw is None:
             return None
         try:
+            if isinstance(raw, Refused):
+                raise InvalidEntry(raw.why)
             if not isinstance(raw, (bytes, str)):
-                if isinstance(raw, Refused):
-                    raise InvalidEntry(raw.why)
                 raise InvalidEntry(f"value is a {type(raw).__name__}, not JSON text")
             entry, unverified = read_stored(raw, key, self.signer)
         except InvalidEntry as exc:
             if warn:
-                if isinstance(exc, UnsignedEntry):
-                    what = "unsigned or forged entry"
-                else:
-                    what = "entry from another schema" if "schema" in str(exc) else "invalid entry"
-                self.warn_once(what, f"key {key[:12]}: {exc}")
+                what = "entry from another schema" if "schema" in str(exc) else "invalid entry"
+                self.warn_once("unsigned or forged entry" if isinstance(exc, UnsignedEntry) else what,
+                               f"key {key[:12]}: {exc}")
             return None
-        if unverified is not None and warn:
-            with self._warn_lock:
-                first = "unverified stricter entry" not in self._warned
-                self._warned.add("unverified stricter entry")
-            if first:
-                log.warning("prescreen %s store at %s: key %s: %s; served as its %s all the same (a signature "
-                            "is what it takes to loosen a decision, not to make it stricter)", self.backend,
-                            self.location, key[:12], unverified, entry.decision.action)
+        if unverified is not None and warn and self._first("unverified stricter entry"):
+            log.warning("prescreen %s store at %s: key %s: %s; served as its %s all the same (a signature is what "
+                        "it takes to loosen a decision, not to make it stricter)", self.backend, self.location,
+                        key[:12], unverified, entry.decision.action)
         return entry
 
     @abc.abstractmethod
@@ -102,16 +96,12 @@ class Store(abc.ABC):
         """The valid entry under ``key``, or None (missing, invalid or unreadable)."""
 
     def lookup(self, key: str) -> Entry | None:
-        """``get`` for a decision: the hit is counted, but the entry's stored hit count is not read (its ``hits`` is 0).
-
-        A lookup needs the decision only; ``inspect`` and listings read the counts.
-        """
+        """``get`` for a decision: the hit is counted, the stored hit count not read (``hits`` is 0)."""
         return self.get(key)
 
     @property
     def writable(self) -> bool:
-        """False where a put can never succeed (read-only, refused or switched off): an observed OOM is then
-        kept in the process without waiting for the store (``prescreen.service.record_observed_oom``)."""
+        """False where a put can never succeed (read-only, refused or off): a fact is then kept in the process."""
         return True
 
     @abc.abstractmethod

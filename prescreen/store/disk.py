@@ -15,7 +15,6 @@ store's lifetime (``trust``): every lookup a miss, ``stats`` unhealthy.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import math
 import os
 import threading
@@ -23,7 +22,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import TypeVar
 
 from diskcache.core import DBNAME
 
@@ -33,8 +32,6 @@ from prescreen.store.entry import Entry, outranks
 from prescreen.store.recovery import (
     LOCK_NAME,
     file_id,
-    flock_within,
-    open_lock_file,
     recover,
     recovery_lock,
     remove_orphans,
@@ -118,7 +115,6 @@ class DiskStore(Store):
         self._writes_paused_until = 0.0
         self._healthy = False
         self._lock = threading.RLock()
-        self._lock_file: IO[str] | None = None
         self._db_id: tuple[int, int] | None = None
         weakref.finalize(self, self._hits.final_flush)  # on collection, or at exit if still alive
         self._open()
@@ -257,19 +253,20 @@ class DiskStore(Store):
         deadline, delay = time.monotonic() + wait, 0.01
         while True:
             failure: Exception | None = None  # stays None where another process holds recovery.lock
-            with self._lock:  # one writer per store at a time: the flock belongs to the store's lock file
-                if self._handle(True, force) is None or self._hold_shared():
-                    try:
-                        self._follow_moves()
-                        if self._handle(True, force) is None or self._cache is None:
-                            return default
-                        result = op(self._cache)
-                        self._healthy = True
-                        return result
-                    except Exception as exc:  # a store fault is never the compile's problem
-                        failure = exc
-                    finally:
-                        self._release_shared()
+            with self._lock:  # opened first: a recovery it starts takes recovery.lock, held shared below
+                if self._handle(True, force) is None:
+                    return default
+                with recovery_lock(self.directory, shared=True, wait=self.timeout) as held:
+                    if held is not False:  # None: no lock file can be made (read-only), the write fails on its own
+                        try:
+                            self._follow_moves()
+                            if self._handle(True, force) is None or self._cache is None:
+                                return default
+                            result = op(self._cache)
+                            self._healthy = True
+                            return result
+                        except Exception as exc:  # a store fault is never the compile's problem
+                            failure = exc
             if (failure is None or classify(failure) is Fault.LOCKED) and time.monotonic() + delay < deadline:
                 time.sleep(delay)
                 delay = min(2 * delay, 0.2)
@@ -280,20 +277,6 @@ class DiskStore(Store):
             else:
                 self._fault(failure, True)
                 return default
-
-    def _hold_shared(self) -> bool:
-        """Take ``recovery.lock`` shared on the store's own handle, waiting at most ``timeout``."""
-        try:
-            if self._lock_file is None:
-                self._lock_file = open_lock_file(self.directory)
-            return flock_within(self._lock_file, fcntl.LOCK_SH, self.timeout)
-        except OSError:  # no lock file can be made (read-only directory): writes fail on their own
-            return True
-
-    def _release_shared(self) -> None:
-        if self._lock_file is not None:
-            with contextlib.suppress(OSError):
-                fcntl.flock(self._lock_file, fcntl.LOCK_UN)
 
     def _stored_hits(self, key: str) -> int:
         value = self._read_with(lambda c: c.get(HITS_PREFIX + key), None)
@@ -442,7 +425,4 @@ class DiskStore(Store):
         self.flush_hits()
         with self._lock:
             self._close_handles()
-            if self._lock_file is not None:
-                self._lock_file.close()
-                self._lock_file = None
             self._open_again_at = math.inf
