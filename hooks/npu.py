@@ -213,9 +213,9 @@ def _differs(module: Mapping[str, Any]) -> str | None:
 _verdicts: dict[tuple[object, ...], str | None] = {}
 
 
-def _code_verdict(names: Mapping[str, Any], module: Mapping[str, Any] | None) -> str | None:
-    """Why the grouping code ``names`` calls (from ``module``) is not 2.14.0's, or None where it is."""
-    if module is None:
+def _code_verdict(names: Mapping[str, Any], module: Mapping[str, Any]) -> str | None:
+    """Why the grouping code ``names`` calls (from ``module``, its globals) is not 2.14.0's, or None where it is."""
+    if not module:
         return f"it has no {ENTRY_NAMES[0]} function to check"
     # the caller's other imports must be that module's: a name rebound in the caller is another function
     for name in (ENTRY_NAMES[1], "UnsupportedGroupedPlan"):
@@ -238,11 +238,11 @@ def why_not_mirrored(names: Mapping[str, Any], version: str | None) -> str | Non
     if not series_allows(version):
         return f"torch_npu {version} is not a {MIRRORED_SERIES} release, whose grouped-footprint code prescreen mirrors"
     found = getattr(names.get(ENTRY_NAMES[0]), "__globals__", None)
-    module = found if isinstance(found, Mapping) else None
+    module: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
     why = _code_verdict(names, module)
     if why is None:
         return None
-    where = (module or {}).get("__file__") or (module or {}).get("__name__") or "not found"
+    where = module.get("__file__") or module.get("__name__") or "not found"
     return (f"torch_npu's symbolic_grouping ({where}; version {version or 'without metadata'}) is not the "
             f"torch-npu {MIRRORED_RELEASE} code prescreen mirrors: {why}")
 
