@@ -14,9 +14,9 @@ every benchmark really runs). Measured with ``torch.cuda.max_memory_allocated``:
   ``CachingAutotuner.benchmark_all_configs`` (Triton runtime autotuning);
 - estimate: prescreen's estimate for the same step (the plan the guard builds);
 - guard ms: the time spent in prescreen's own code during the case, exactly: the
-  time inside each of prescreen's wrappers (``AlgorithmSelectorCache.__call__``
-  and ``.autotune``, ``Scheduler.speedup_by_fusion``,
-  ``CachingAutotuner.benchmark_all_configs``) minus the time inside the upstream
+  time inside each of prescreen's wrappers (``AlgorithmSelectorCache.__call__``,
+  ``.autotune`` and ``.lookup``, ``Scheduler.speedup_by_fusion``,
+  ``CachingAutotuner.benchmark_all_configs`` and ``.coordinate_descent_tuning``) minus the time inside the upstream
   method that wrapper calls (both timed by wrappers put around them, below and
   above prescreen's: ``GuardClock``). Building plans, lookups, opening the
   store, logging and the wrappers themselves are in it; the meter's own work
@@ -243,7 +243,7 @@ class Meter:
         return self.global_peak
 
 
-GUARDED = ("select", "autotune", "fusion", "runtime")
+GUARDED = ("select", "autotune", "lookup", "fusion", "runtime", "coordesc")
 
 
 def _guarded_methods() -> dict[str, tuple[Any, str]]:
@@ -253,7 +253,9 @@ def _guarded_methods() -> dict[str, tuple[Any, str]]:
 
     return {"select": (AlgorithmSelectorCache, "__call__"), "autotune": (AlgorithmSelectorCache, "autotune"),
             "fusion": (scheduler.Scheduler, "speedup_by_fusion"),
-            "runtime": (CachingAutotuner, "benchmark_all_configs")}
+            "lookup": (AlgorithmSelectorCache, "lookup"),
+            "runtime": (CachingAutotuner, "benchmark_all_configs"),
+            "coordesc": (CachingAutotuner, "coordinate_descent_tuning")}
 
 
 def timed(fn: Callable[..., Any], seconds: MutableMapping[str, float], key: str,
