@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Union
 from prescreen.errors import NotBounded, Reason
 from prescreen.expr import Add, Axis, Const, Expr, FloorDiv, Mul, evaluate
 from prescreen.plan import KernelPlan, SizeArg, TensorArg, WorkspaceArg
-from prescreen.representatives import Group, GroupGrid, Representatives
+from prescreen.representatives import GroupGrid, Representatives
 
 if TYPE_CHECKING:  # numpy loads with the first large plan: reading a store never pays for it
     import numpy as np
@@ -295,13 +295,11 @@ def _first(mask: Column, shape: tuple[int, ...]) -> int:
     return int(np.argmax(np.broadcast_to(mask, shape)))
 
 
-def _vectorized(
-    plan: KernelPlan, args: list[TensorArg | WorkspaceArg], groups: tuple[Group, ...], grid: GroupGrid, exact: bool
-) -> Footprint:
+def _vectorized(plan: KernelPlan, args: list[TensorArg | WorkspaceArg], grid: GroupGrid, exact: bool) -> Footprint:
     import numpy as np
 
     shape = grid.shape
-    n_groups = len(groups)
+    n_groups = len(grid)
     ev = _Evaluator(grid, exact)
     distinct = _Distinct(args)
     numels: list[tuple[Column, int]] = []
@@ -317,7 +315,7 @@ def _vectorized(
             first_failure = at if first_failure < 0 else min(first_failure, at)
         numels.append((numel, bound))
     if first_failure >= 0:
-        _raise_first_failure(args, dict(groups[first_failure].axis_values))
+        _raise_first_failure(args, dict(grid.group_at(first_failure).axis_values))
     weights, clone_weights = distinct.weights(plan.mutated_arg_names)
     ev.check(n_groups * sum(b * w for (_, b), w in zip(numels, weights)))
 
@@ -340,10 +338,11 @@ def _vectorized(
             lambda k, top: _first(np.asarray(numels[k][0]) == top, shape),
         )
         arg = args[i]
-        size, stride, nbytes_at = _arg_bytes(arg, dict(groups[at].axis_values))
-        dominant = ArgFootprint(groups[at].group_id, arg.name, arg.kind, _canonical_dtype(arg.dtype), size, stride,
+        group = grid.group_at(at)
+        size, stride, nbytes_at = _arg_bytes(arg, dict(group.axis_values))
+        dominant = ArgFootprint(group.group_id, arg.name, arg.kind, _canonical_dtype(arg.dtype), size, stride,
                                 nbytes_at)
-    ids = [g.group_id for g in groups]
+    ids = grid.group_ids()
     group_bytes = tuple(zip(ids, flat_totals))
     return Footprint(synthetic, peak_clone, synthetic + peak_clone, group_bytes, ids[largest], dominant)
 
@@ -423,11 +422,10 @@ def estimate_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
     Exactly ``reference_footprint``'s result or error, ties included: that loop up to ``LOOP_MAX`` group x
     argument evaluations, numpy above (where its fixed cost pays).
     """
-    groups, grid = reps.groups, reps.grid
     args = _benchmark_args(plan)
-    if len(groups) * len(args) <= LOOP_MAX or grid is None:
+    if len(reps.grid) * len(args) <= LOOP_MAX:
         return reference_footprint(plan, reps)
     try:
-        return _vectorized(plan, args, groups, grid, exact=False)
+        return _vectorized(plan, args, reps.grid, exact=False)
     except _Overflow:
-        return _vectorized(plan, args, groups, grid, exact=True)
+        return _vectorized(plan, args, reps.grid, exact=True)

@@ -12,7 +12,7 @@ only reaches the one bucket holding it; the other groups are unreachable.
 from __future__ import annotations
 
 import dataclasses
-import itertools
+import math
 from collections.abc import Mapping
 
 from prescreen.errors import NotBounded, Reason
@@ -45,7 +45,7 @@ class GroupGrid:
 
     A group is reachable exactly when each of its features' buckets is, so group ``i`` in ascending-id
     order is the mixed-radix number of its features' choices (feature 0 varying fastest): numpy's C order
-    over ``shape``. The numpy estimator evaluates expressions over this grid.
+    over ``shape``. Groups are built when asked for: the numpy estimator reads the grid itself.
     """
 
     features: tuple[FeatureChoices, ...]
@@ -56,6 +56,9 @@ class GroupGrid:
     def shape(self) -> tuple[int, ...]:
         """numpy shape of the grid: the last feature first (its choice varies slowest)."""
         return tuple(len(f.bucket_indices) for f in reversed(self.features))
+
+    def __len__(self) -> int:
+        return math.prod(self.shape)
 
     def axis_value_table(self) -> dict[str, tuple[int | None, tuple[int, ...]]]:
         """Per axis of the plan: the feature that sets it (or None) and its value per choice (or its one value)."""
@@ -70,36 +73,48 @@ class GroupGrid:
                     table[name] = (f, tuple(int(dict(c).get(name, base)) for c in feature.axis_values))
         return table
 
-    def groups(self) -> tuple[Group, ...]:
-        """Every reachable group, ascending by id."""
-        out = []
-        for reversed_choices in itertools.product(*(range(k) for k in self.shape)):
-            group_id, radix, indices, values = 0, 1, [], []
-            axes: dict[str, int] = {}
-            for feature, c in zip(self.features, reversed(reversed_choices)):
-                indices.append(feature.bucket_indices[c])
-                values.append(feature.feature_values[c])
-                axes.update(feature.axis_values[c])
-                group_id += feature.bucket_indices[c] * radix
-                radix *= feature.radix
-            axis_values = tuple((a, int(axes.get(a, self.base_values[a]))) for a in self.axis_names)
-            out.append(Group(group_id, tuple(indices), tuple(values), axis_values))
-        return tuple(out)
+    def group_at(self, index: int) -> Group:
+        """The ``index``-th reachable group."""
+        group_id, radix, indices, values = 0, 1, [], []
+        axes: dict[str, int] = {}
+        for feature in self.features:
+            index, c = divmod(index, len(feature.bucket_indices))
+            indices.append(feature.bucket_indices[c])
+            values.append(feature.feature_values[c])
+            axes.update(feature.axis_values[c])
+            group_id += feature.bucket_indices[c] * radix
+            radix *= feature.radix
+        axis_values = tuple((a, int(axes.get(a, self.base_values[a]))) for a in self.axis_names)
+        return Group(group_id, tuple(indices), tuple(values), axis_values)
+
+    def group_ids(self) -> tuple[int, ...]:
+        """Ids of the reachable groups, ascending."""
+        if all(len(f.bucket_indices) == f.radix for f in self.features):
+            return tuple(range(len(self)))  # every group reachable (most plans)
+        ids = [0]
+        radix = 1
+        for feature in self.features:
+            ids = [i + b * radix for b in feature.bucket_indices for i in ids]
+            radix *= feature.radix
+        return tuple(ids)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Representatives:
-    """All groups of a plan: the reachable ones with representatives, the rest by id."""
+    """All groups of a plan: the reachable ones (a grid) with representatives, the rest by id."""
 
     group_count: int
-    groups: tuple[Group, ...]
+    grid: GroupGrid
     unreachable_group_ids: tuple[int, ...]
-    #: The groups as a grid (``build_representatives`` sets it), for the numpy estimator.
-    grid: GroupGrid | None = dataclasses.field(default=None, compare=False)
+
+    @property
+    def groups(self) -> tuple[Group, ...]:
+        """Every reachable group with its representative, ascending by id (built at each call)."""
+        return tuple(map(self.grid.group_at, range(len(self.grid))))
 
     @property
     def reachable_group_ids(self) -> tuple[int, ...]:
-        return tuple(g.group_id for g in self.groups)
+        return self.grid.group_ids()
 
 
 def bucketize(value: int, buckets: tuple[int, ...]) -> int:
@@ -214,7 +229,8 @@ def build_representatives(plan: KernelPlan) -> Representatives:
             raise NotBounded(Reason.UNSUPPORTED_GROUPING, "grouped plan has no reachable groups")
         choices.append(FeatureChoices(radix, tuple(indices), tuple(values), tuple(axes)))
     grid = GroupGrid(tuple(choices), plan.axis_names, {a: int(statics.get(a, 1)) for a in plan.axis_names})
-    groups = grid.groups()
-    reachable = {g.group_id for g in groups}
-    unreachable = tuple(i for i in range(count) if i not in reachable) if len(groups) != count else ()
-    return Representatives(count, groups, unreachable, grid)
+    unreachable: tuple[int, ...] = ()
+    if len(grid) != count:
+        reachable = set(grid.group_ids())
+        unreachable = tuple(i for i in range(count) if i not in reachable)
+    return Representatives(count, grid, unreachable)

@@ -138,7 +138,7 @@ def family_summary(reps: Representatives | None) -> dict[str, object] | None:
     """What an entry keeps of the shape family; the full representatives follow from its plan."""
     return None if reps is None else {
         "group_count": reps.group_count,
-        "reachable": len(reps.groups),
+        "reachable": len(reps.grid),
         "unreachable_group_ids": list(reps.unreachable_group_ids),
     }
 
