@@ -1,13 +1,8 @@
 """A local store in front of a remote one: read-through on get, write to both on put.
 
-The remote is where another replica's observed OOM arrives, so a local ``tune``
-is not trusted for ever: a lookup that finds one in the local tier reads the
-remote too when that key was last checked ``recheck_seconds`` ago or more (5 s by
-default; ``get`` always does). A stricter remote entry (``entry.outranks``: an
-observed OOM over a computed decision) replaces the local one and is served. A
-local fallback is served without asking the remote: nothing loosens a decision.
-So a running replica that keeps looking a plan up serves another replica's
-fact within about ``recheck_seconds``.
+The remote is where another replica's observed OOM arrives, so a local ``tune`` is rechecked against it when
+that key was last checked ``recheck_seconds`` ago or more (``get`` always rechecks), and a stricter remote entry
+replaces it; a local fallback is served without asking (nothing loosens a decision).
 """
 
 from __future__ import annotations
@@ -18,17 +13,13 @@ from collections.abc import Callable, Iterator
 from prescreen.store.base import Store, StoreStats
 from prescreen.store.entry import Entry, outranks
 
-#: How long a ``tune`` read from the local tier is served before the remote is asked again for that key.
 RECHECK_SECONDS = 5.0
 _MAX_CHECKED = 65536  # keys whose last check is remembered (all forgotten past this: each is checked again)
 
 
 class TieredStore(Store):
-    """``local`` (a ``DiskStore``) first, then ``remote`` (a ``RedisStore``), filling ``local`` on a remote hit.
-
-    Each tier handles its own faults, so a dead remote leaves a working local
-    cache and a broken local one still reaches the fleet.
-    """
+    """``local`` first, then ``remote``, filling ``local`` on a remote hit. Each tier handles its own faults, so
+    a dead remote leaves a working local cache and a broken local one still reaches the fleet."""
 
     backend = "tiered"
 
@@ -38,10 +29,6 @@ class TieredStore(Store):
         self.location = f"{local.location} + {remote.location}"
         self.recheck_seconds = recheck_seconds
         self._checked: dict[str, float] = {}  # key -> when the remote was last read for it
-
-    @property
-    def tiers(self) -> tuple[Store, Store]:
-        return self.local, self.remote
 
     @property
     def writable(self) -> bool:
@@ -87,12 +74,11 @@ class TieredStore(Store):
 
     def put(self, entry: Entry) -> bool:
         stored_locally = self.local.put(entry)
-        stored_remotely = self.remote.put(entry)
-        return stored_locally or stored_remotely
+        return self.remote.put(entry) or stored_locally
 
     def entries(self) -> Iterator[Entry]:
         seen: set[str] = set()
-        for store in self.tiers:
+        for store in (self.local, self.remote):
             for entry in store.entries():
                 if entry.key not in seen:
                     seen.add(entry.key)
@@ -107,20 +93,10 @@ class TieredStore(Store):
 
     def stats(self) -> StoreStats:
         local, remote = self.local.stats(), self.remote.stats()
-        detail = (
-            f"local {local.backend}: {local.entries} entries ({local.detail}); "
-            f"remote {remote.backend}: {remote.entries} entries ({remote.detail})"
-        )
-        return StoreStats(
-            self.backend,
-            self.location,
-            max(local.entries, remote.entries),
-            local.size_bytes,
-            self.hits,
-            self.misses,
-            local.healthy and remote.healthy,
-            detail,
-        )
+        detail = "; ".join(f"{tier} {s.backend}: {s.entries} entries ({s.detail})"
+                           for tier, s in (("local", local), ("remote", remote)))
+        return StoreStats(self.backend, self.location, max(local.entries, remote.entries), local.size_bytes,
+                          self.hits, self.misses, local.healthy and remote.healthy, detail)
 
     def close(self) -> None:
         self.local.close()
