@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from prescreen import display
 from prescreen.budget import format_bytes
-from prescreen.display import COMPACT_KEY_CHARS, KEY_CHARS, err, fill, markup, out, visible, widest_fitting
+from prescreen.display import KEY_CHARS, markup, out, visible
 from prescreen.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,10 +51,8 @@ def _family(e: Entry) -> str:
 
 
 def _short(e: Entry, brief: bool = False) -> str:
-    from prescreen.report import short_reason
-
     d = e.decision
-    return short_reason(d.action, d.bounded, d.estimated_bytes, d.budget_bytes, d.reason, brief=brief)
+    return display.short_reason(d.action, d.bounded, d.estimated_bytes, d.budget_bytes, d.reason, brief=brief)
 
 
 def filter_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -114,19 +113,7 @@ def _entry_table(entry: Entry) -> Table:
         ("created", f"{_age(entry.created_at)} by {entry.host} pid {entry.pid}"), ("hits", str(entry.hits)),
     ]
     rows += [(f"key.{k}", json.dumps(v) if not isinstance(v, str) else v) for k, v in entry.parts.to_payload().items()]
-    return _fields(f"entry {entry.key}", rows)
-
-
-def _fields(title: str, rows: Sequence[tuple[str, str]]) -> Table:
-    """A two-column table of named values (escaped), without a header."""
-    from rich.table import Table
-
-    table = Table(title=markup(title), show_header=False)
-    table.add_column("field", style="bold", no_wrap=True)
-    table.add_column("value", overflow="fold")
-    for field, value in rows:
-        table.add_row(markup(field), markup(value))
-    return table
+    return display.fields(f"entry {entry.key}", rows)
 
 
 #: The columns of the ``inspect`` listing, widest first: the widest whose rows fit the terminal is used.
@@ -139,15 +126,11 @@ LIST_COLUMNS = {
 
 
 def _list_layout(entries: Sequence[Entry], title: str, layout: str) -> Table:
-    from rich.table import Table
-
     from prescreen.decision import is_observed_oom
 
     narrow = layout == "compact"
-    table = Table(title=markup(title))
-    cols = LIST_COLUMNS[layout]
     rows = [{
-        "key": e.key[:COMPACT_KEY_CHARS if narrow else KEY_CHARS], "kernel": e.kernel, "shape family": _family(e),
+        "key": e.key[:display.COMPACT_KEY_CHARS if narrow else KEY_CHARS], "kernel": e.kernel, "shape family": _family(e),
         "device": e.parts.device_kind if narrow else f"{e.parts.device_kind} {format_bytes(e.parts.total_memory)}",
         "ratio": f"{e.parts.ratio:g}",
         "decision": "fallback!" if is_observed_oom(e.decision) else e.decision.action if e.decision.bounded
@@ -155,8 +138,7 @@ def _list_layout(entries: Sequence[Entry], title: str, layout: str) -> Table:
         "estimated": format_bytes(e.decision.estimated_bytes), "budget": format_bytes(e.decision.budget_bytes),
         "why": _short(e, layout != "wide"), "created": _age(e.created_at), "hits": str(e.hits),
     } for e in entries]
-    fill(table, cols, rows, narrow, wrapping=("shape family", "why"))
-    return table
+    return display.table(title, LIST_COLUMNS[layout], rows, narrow, wrapping=("shape family", "why"))
 
 
 @click.command()
@@ -178,7 +160,7 @@ def inspect(obj: StoreOpener, key: str | None, key_prefix: str | None, kernel: s
         shown = [_one(store, key)] if key else [e for e in store.entries() if chosen(e)]
         stale = [e for e in shown if not verify_entry(e)]
         for e in stale:
-            err().print(f"[bold red]mismatch:[/] {markup(e.key[:KEY_CHARS])} {markup(e.kernel)}: stored decision "
+            display.err().print(f"[bold red]mismatch:[/] {markup(e.key[:KEY_CHARS])} {markup(e.kernel)}: stored decision "
                         "differs from a fresh computation", highlight=False)
         out().print(f"verified {len(shown)} entries: {len(shown) - len(stale)} identical to a fresh computation")
         if stale:
@@ -189,11 +171,9 @@ def inspect(obj: StoreOpener, key: str | None, key_prefix: str | None, kernel: s
         if as_json:
             click.echo(json.dumps(entry.to_payload(), indent=2))
             return
-        from prescreen.report import bar_chart
-
         console = out()
         console.print(_entry_table(entry))
-        console.print(bar_chart(entry, width=console.width))
+        console.print(display.bar_chart(entry, width=console.width))
         return
     entries = sorted((e for e in store.entries() if chosen(e)), key=lambda e: e.created_at)
     if as_json:
@@ -201,9 +181,9 @@ def inspect(obj: StoreOpener, key: str | None, key_prefix: str | None, kernel: s
         return
     console = out()
     title = f"{len(entries)} decisions in {store.backend} store {store.location}"
-    console.print(widest_fitting(list(LIST_COLUMNS), lambda layout: _list_layout(entries, title, layout)))
+    console.print(display.widest_fitting(list(LIST_COLUMNS), lambda layout: _list_layout(entries, title, layout)))
     if any(not e.decision.bounded for e in entries):
-        console.print("* not bounded: the footprint could not be estimated, so the benchmark is skipped (fail closed)")
+        console.print(display.NOT_BOUNDED_NOTE)
     if any(is_observed_oom(e.decision) for e in entries):
         console.print("! observed_oom: the benchmark ran out of memory here once; never retried "
                       "(`prescreen clear --observed` forgets it)")
@@ -222,17 +202,15 @@ def report(obj: StoreOpener, key_prefix: str | None, kernel: str | None, device:
 
     Without --html or --png the charts are drawn in the terminal. --decision tune charts the tuned entries instead.
     """
-    from prescreen.report import bar_chart, write_html, write_png
-
     chosen = selection(key_prefix, kernel, device, decision or "fallback", older_than)
     store = obj.store(writable=False)
     entries = sorted((e for e in store.entries() if chosen(e)), key=lambda e: -(e.decision.estimated_bytes or 0))
     console = out()
     if html_path:
-        n = write_html(entries, html_path, f"prescreen: {decision or 'fallback'} decisions in {store.location}")
+        n = display.write_html(entries, html_path, f"prescreen: {decision or 'fallback'} decisions in {store.location}")
         console.print(f"wrote {n} entries to {markup(html_path)}", highlight=False)
     if png_path:
-        n = write_png(entries, png_path)
+        n = display.write_png(entries, png_path)
         console.print(f"wrote {n} entries to {markup(png_path)}", highlight=False)
     if html_path or png_path:
         return
@@ -240,7 +218,7 @@ def report(obj: StoreOpener, key_prefix: str | None, kernel: str | None, device:
         console.print(f"no {decision or 'fallback'} decisions in {markup(store.location)}")
     for e in entries:
         console.rule(markup(f"{e.key[:KEY_CHARS]} {e.kernel}"), style="dim")
-        console.print(bar_chart(e, width=console.width))
+        console.print(display.bar_chart(e, width=console.width))
 
 
 @click.command()
@@ -294,7 +272,7 @@ def stats(obj: StoreOpener, as_json: bool) -> None:
             "detail": s.detail,
         }, indent=2))
         return
-    out().print(_fields("prescreen store", [
+    out().print(display.fields("prescreen store", [
         ("backend", s.backend), ("location", s.location), ("entries", str(s.entries)),
         ("decisions", f"{counts['tune']} tune, {counts['fallback']} fallback"),
         ("size", format_bytes(s.size_bytes)),

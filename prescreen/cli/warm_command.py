@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.core import ParameterSource
 
+from prescreen import display
 from prescreen.budget import format_bytes, parse_memory, parse_ratio
-from prescreen.display import COMPACT_KEY_CHARS, KEY_CHARS, compact, err, fill, markup, out, widest_fitting, wrap_items
+from prescreen.display import KEY_CHARS, markup, out
 from prescreen.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -197,7 +198,7 @@ def _progress() -> Iterator[Callable[[int, int, dict[str, int]], None]]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err(), transient=True) as bar:
+                  console=display.err(), transient=True) as bar:
         task = bar.add_task("warming", total=None)
 
         def tick(done: int, total: int, sizes: dict[str, int]) -> None:
@@ -214,10 +215,9 @@ def _print_report(report: WarmReport, as_json: bool) -> None:
     console = out()
     console.print(_summary(report))
     if report.records:
-        console.print(widest_fitting([False, True], lambda narrow: _decision_layout(report, narrow)))
+        console.print(display.widest_fitting([False, True], lambda narrow: _decision_layout(report, narrow)))
         if report.not_bounded:
-            console.print("* not bounded: the footprint could not be estimated, so the benchmark is skipped "
-                          "(fail closed)")
+            console.print(display.NOT_BOUNDED_NOTE)
     for hint in report.hints:
         console.print(markup(hint), highlight=False)
     if report.artifact:
@@ -237,9 +237,9 @@ def _summary(report: WarmReport) -> Any:
               ("compiles", str(report.compiles)), ("families", str(report.families)),
               ("families decided", str(report.decided_families)), ("cache answered", str(report.cache_answered)),
               ("time", f"{report.seconds:.1f}s")]
-    if compact():
+    if display.compact():
         items = [f"{v} {k}" if k not in ("largest", "time") else f"{k} {v}" for k, v in values]
-        return wrap_items(f"{title}:", items, out().width)
+        return display.wrap_items(f"{title}:", items, out().width)
     table = Table(title=title)
     for col, _ in values:
         table.add_column(col, justify="right")
@@ -248,22 +248,16 @@ def _summary(report: WarmReport) -> Any:
 
 
 def _decision_layout(report: WarmReport, narrow: bool) -> Table:
-    from rich.table import Table
-
-    from prescreen.report import short_reason
-
-    table = Table(title="decisions")
     cols = ["key", "kernel", "sizes", "decision", "estimated", "budget", "source", "reason"]
     if narrow:  # the reason holds the estimate and the budget
         cols = [c for c in cols if c not in ("estimated", "budget")]
         if not any(r.sizes or r.family for r in report.records):
             cols.remove("sizes")
     rows = [{
-        "key": r.key[:COMPACT_KEY_CHARS if narrow else KEY_CHARS], "kernel": r.kernel,
+        "key": r.key[:display.COMPACT_KEY_CHARS if narrow else KEY_CHARS], "kernel": r.kernel,
         "sizes": r.family or ",".join(f"{k}={v}" for k, v in r.sizes.items()) or "-",
         "decision": r.action if r.bounded else "fallback*", "estimated": format_bytes(r.estimated_bytes),
         "budget": format_bytes(r.budget_bytes), "source": "hit" if r.hit else "computed",
-        "reason": short_reason(r.action, r.bounded, r.estimated_bytes, r.budget_bytes, r.reason, brief=narrow),
+        "reason": display.short_reason(r.action, r.bounded, r.estimated_bytes, r.budget_bytes, r.reason, brief=narrow),
     } for r in report.unique()]
-    fill(table, cols, rows, narrow, wrapping=("sizes", "reason"))
-    return table
+    return display.table("decisions", cols, rows, narrow, wrapping=("sizes", "reason"))
