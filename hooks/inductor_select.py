@@ -66,13 +66,9 @@ def _source_name(shape_env: Any, sym: Any) -> str | None:
 
 
 def _grows(e: Any) -> bool:
-    """True when ``e`` cannot shrink as its (non-negative) symbols grow.
-
-    Only such an expression may be estimated at a bucket's upper bound: sums,
-    products with non-negative constants, positive powers and floor division by a
-    positive constant of growing terms. Anything else (``64 - s0``, ``4096 // s0``,
-    an unknown function) is not known to grow, so it is taken at the hint.
-    """
+    """True when ``e`` cannot shrink as its (non-negative) symbols grow, so it may be taken at a bucket's upper
+    bound: sums, products with non-negative constants, positive powers and floor division by a positive
+    constant of growing terms. Anything else (``64 - s0``, ``4096 // s0``) is taken at the hint."""
     if not e.free_symbols or isinstance(e, sympy.Symbol):
         return True
     if isinstance(e, sympy.Add):
@@ -191,6 +187,7 @@ def flush_buffer_bytes(device: Any) -> int:
 #: fp16, bench/gpu_coverage.py): 2x (input + output) for contiguous conv2d and conv3d
 #: (cuDNN runs NHWC kernels and transposes both), 1x for channels-last conv2d.
 CONV_WORKSPACE_COPIES = {"contiguous": 2, "channels_last": 1}
+
 
 def extern_workspace_copies(name: str, device: Any, conv: _Converter | None = None, node: Any = None) -> int:
     """Copies of (input + output) the extern choice of selection ``name`` needs as workspace (0 on CPU)."""

@@ -34,22 +34,10 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return seen
 
 
-def _is_oom_one(exc: BaseException) -> bool:
-    try:
-        import torch
-
-        if isinstance(exc, torch.OutOfMemoryError):
-            return True
-    except (ImportError, AttributeError):  # pragma: no cover - torch is a dependency
-        pass
-    if any(cls.__name__.endswith("OutOfMemoryError") for cls in type(exc).__mro__):
-        return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
-
-
 def is_oom(exc: BaseException) -> bool:
     """True when ``exc`` (or what caused it) is a device out-of-memory error."""
-    return any(_is_oom_one(e) for e in _chain(exc))
+    return any(any(cls.__name__.endswith("OutOfMemoryError") for cls in type(e).__mro__)  # torch's, torch_npu's
+               or (isinstance(e, RuntimeError) and "out of memory" in str(e).lower()) for e in _chain(exc))
 
 
 def requested_bytes(exc: BaseException) -> int | None:

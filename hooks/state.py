@@ -87,10 +87,8 @@ def budget_for(device: object) -> Budget:
 
 
 def overrides() -> tuple[float | None, int | None]:
-    """prescreen's own (ratio, device memory) from ``configure`` or the environment; None where unset.
-
-    May raise ConfigError for a malformed environment value.
-    """
+    """prescreen's own (ratio, device memory) from ``configure`` or the environment, None where unset; may raise
+    ConfigError."""
     from prescreen.budget import memory_override, ratio_override
 
     return (

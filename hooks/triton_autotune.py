@@ -32,8 +32,6 @@ from prescreen.service import Outcome, lookup_or_decide
 
 log = logging.getLogger("prescreen.hooks")
 
-MODULE = "torch._inductor.runtime.triton_heuristics"
-
 #: Device types whose mutated args upstream may copy to the host under ``optimize_mem``.
 HOST_COPY_DEVICES: tuple[str, ...] = ("cuda", "xpu")
 
@@ -46,10 +44,7 @@ def _named_args(autotuner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
 def _device_of(named: list[tuple[str, Any]]) -> Any:
     import torch
 
-    for _name, value in named:
-        if isinstance(value, torch.Tensor):
-            return value.device
-    return None
+    return next((value.device for _name, value in named if isinstance(value, torch.Tensor)), None)
 
 
 def _peak_headroom() -> int | None:
@@ -284,7 +279,7 @@ def patch() -> bool:
 
 def unpatch() -> None:
     """Restore upstream's methods."""
-    module = sys.modules.get(MODULE)
+    module = sys.modules.get("torch._inductor.runtime.triton_heuristics")
     if module is not None:
         unpatch_attr(module.CachingAutotuner, "benchmark_all_configs", "autotune_to_one_config",
                      "coordinate_descent_tuning")
