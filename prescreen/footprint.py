@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Union
 
 from prescreen.errors import NotBounded, Reason
 from prescreen.expr import Add, Axis, Const, Expr, FloorDiv, Mul, evaluate
-from prescreen.plan import KernelPlan, SizeArg, TensorArg, WorkspaceArg
+from prescreen.plan import KernelPlan, TensorArg, WorkspaceArg
 from prescreen.representatives import GroupGrid, Representatives
 
 if TYPE_CHECKING:  # numpy loads with the first large plan: reading a store never pays for it
@@ -119,13 +119,8 @@ def _arg_bytes(arg: TensorArg | WorkspaceArg, env: Mapping[str, int]) -> tuple[t
 
 
 def _benchmark_args(plan: KernelPlan) -> list[TensorArg | WorkspaceArg]:
-    args: list[TensorArg | WorkspaceArg] = []
-    for arg in plan.args:
-        if isinstance(arg, (TensorArg, WorkspaceArg)):
-            args.append(arg)
-        elif not isinstance(arg, SizeArg):  # pragma: no cover - the plan model admits nothing else
-            raise NotBounded(Reason.INVALID_PLAN, f"unsupported arg {arg!r}")
-    return args
+    """The arguments the benchmark allocates (size arguments are scalars)."""
+    return [arg for arg in plan.args if isinstance(arg, (TensorArg, WorkspaceArg))]
 
 
 def reference_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
@@ -357,10 +352,8 @@ def _raise_first_failure(args: list[TensorArg | WorkspaceArg], env: Mapping[str,
 class _Distinct:
     """Arguments by distinct expressions: several buffers of one shape share one evaluation.
 
-    ``keys[i]`` numbers argument ``i``'s distinct size/stride (or count)
-    expressions and ``new`` lists, in order, the arguments that bring a new
-    key; both stop before the first argument of unknown dtype (which fails in
-    every group; ``failed`` says so).
+    ``keys[i]`` numbers argument ``i``'s distinct expressions, ``new`` lists the arguments that bring a new
+    key; both stop before the first argument of unknown dtype (``failed``: it fails in every group).
     """
 
     def __init__(self, args: list[TensorArg | WorkspaceArg]) -> None:
@@ -399,9 +392,7 @@ class _Distinct:
     def dominant(self, peaks: list[int], first: Callable[[int, int], int]) -> tuple[int, int]:
         """(group index, arg index) of the first largest argument, groups first, as the plain loop finds it.
 
-        ``peaks[k]``: the largest element count of key ``k``; ``first(k, n)``:
-        the first group where key ``k`` has ``n`` elements. Item sizes are
-        positive, so an argument is largest where its element count is.
+        ``peaks[k]``: key ``k``'s largest element count; ``first(k, n)``: the first group where it has ``n``.
         """
         peak = max(peaks[k] * itemsize for k, itemsize in zip(self.keys, self.itemsizes))
         best = (-1, -1)

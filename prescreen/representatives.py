@@ -117,25 +117,6 @@ class Representatives:
         return self.grid.group_ids()
 
 
-def bucketize(value: int, buckets: tuple[int, ...]) -> int:
-    """Index of the first bucket whose upper bound holds ``value`` (len = open bucket)."""
-    for idx, upper in enumerate(buckets):
-        if value <= upper:
-            return idx
-    return len(buckets)
-
-
-def group_id_of(feature_values: tuple[int, ...], features: tuple[GroupFeature, ...]) -> int:
-    """The mixed-radix group id of concrete feature values."""
-    if len(feature_values) != len(features):
-        raise ValueError(f"{len(feature_values)} feature values for {len(features)} features")
-    group_id, radix = 0, 1
-    for value, feature in zip(feature_values, features):
-        group_id += bucketize(value, feature.buckets) * radix
-        radix *= len(feature.buckets) + 1
-    return group_id
-
-
 def decode_bucket_indices(group_id: int, features: tuple[GroupFeature, ...]) -> tuple[int, ...]:
     """Inverse of the mixed radix: the bucket index of each feature."""
     out = []

@@ -14,10 +14,8 @@ from prescreen.plan import GroupFeature, KernelPlan
 from prescreen.representatives import (
     Group,
     _feature_representative,
-    bucketize,
     build_representatives,
     decode_bucket_indices,
-    group_id_of,
 )
 
 
@@ -43,41 +41,14 @@ def test_upstream_one_feature_outer_product() -> None:
     assert [g.axis_values for g in reps.groups] == [(("x0", 8),), (("x0", 16),)]
 
 
-def test_bucketize_is_inclusive_upper_bound() -> None:
-    assert [bucketize(v, (4, 8)) for v in (0, 1, 4, 5, 8, 9, 10**9)] == [0, 0, 0, 1, 1, 2, 2]
-
-
 def test_mixed_radix_ids_and_decode() -> None:
     features = (feature("a", "axis", ("x0",), (4, 8)), feature("b", "axis", ("x1",), (16,)))
     # radix 3 for "a", then 2 for "b": id = idx_a + 3 * idx_b
-    assert group_id_of((5, 20), features) == 1 + 3 * 1
-    assert group_id_of((100, 1), features) == 2
     assert decode_bucket_indices(4, features) == (1, 1)
     assert [decode_bucket_indices(i, features) for i in range(6)] == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
     reps = build_representatives(plan(list(features), ("x0", "x1")))
     assert reps.group_count == 6
     assert [g.bucket_indices for g in reps.groups] == [decode_bucket_indices(i, features) for i in range(6)]
-    with pytest.raises(ValueError):
-        group_id_of((1,), features)
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    st.lists(
-        st.lists(st.integers(1, 100), min_size=1, max_size=5, unique=True).map(lambda b: tuple(sorted(b))),
-        min_size=1,
-        max_size=4,
-    ).flatmap(lambda bs: st.tuples(st.just(bs), st.tuples(*(st.integers(0, 200) for _ in bs))))
-)
-def test_group_id_round_trips(data: tuple[list[tuple[int, ...]], tuple[int, ...]]) -> None:
-    bucket_lists, values = data
-    features = tuple(feature(f"f{i}", "axis", (f"a{i}",), b) for i, b in enumerate(bucket_lists))
-    gid = group_id_of(values, features)
-    count = 1
-    for b in bucket_lists:
-        count *= len(b) + 1
-    assert 0 <= gid < count
-    assert decode_bucket_indices(gid, features) == tuple(bucketize(v, b) for v, b in zip(values, bucket_lists))
 
 
 @pytest.mark.parametrize("source", ["primary_axis", "axis", "outer_product", "reduction_product"])
