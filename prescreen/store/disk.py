@@ -92,7 +92,6 @@ class DiskStore(Store):
         size_limit: int | str | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         cooldown: float = DEFAULT_COOLDOWN,
-        count_hits: bool = True,
         min_file_size: int = 2**15,
         write_wait: float = DEFAULT_WRITE_WAIT,
     ) -> None:
@@ -105,7 +104,6 @@ class DiskStore(Store):
         self.timeout = timeout
         self.cooldown = cooldown
         self.write_wait = write_wait
-        self.count_hits = count_hits
         self.min_file_size = min_file_size
         self.recovered: tuple[str, int] | None = None  # (moved-aside file, entries restored)
         self.refused: str | None = None  # why the directory is not safe to use, once refused
@@ -323,7 +321,7 @@ class DiskStore(Store):
             self.misses += 1
             return None, 0
         self.add_hits(1)
-        if not (self.count_hits and self._cache is not None):
+        if self._cache is None:
             return entry, 0
         with self._hits.lock:
             self._hits.pending[key] += 1

@@ -17,7 +17,6 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
 
 import diskcache
 from diskcache.core import DBNAME
@@ -35,33 +34,31 @@ _SUFFIX = re.compile(r"[0-9]+-[0-9]+")
 _ROWID_GAP = 10_000  # without max(rowid), keep trying this many rowids past the last one found
 
 
-def flock_within(handle: IO[str], mode: int, wait: float) -> bool:
-    """Take ``flock(mode)`` on ``handle``, polling for at most ``wait`` seconds; True when taken."""
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            fcntl.flock(handle, mode | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.002)
-
-
 @contextlib.contextmanager
 def recovery_lock(directory: Path, *, shared: bool = False, wait: float = 30.0) -> Iterator[bool | None]:
-    """Hold ``recovery.lock``: exclusive while recovering, shared while opening (an open racing a rename of
+    """Hold ``recovery.lock``: exclusive while recovering, shared while opening or writing (an open racing a rename of
     ``-wal``/``-shm`` is a disk I/O error). Yields True when held; an opener goes on without it, getting False
     after ``wait`` seconds or None with no lock file to hold, where a recovery raises."""
-    try:
-        handle = open_lock_file(directory)
+    try:  # 0600, so nobody else can open it to hold it; never through a symlink
+        fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     except OSError:
         if not shared:
             raise
         yield None
         return
-    with handle:
-        if not flock_within(handle, fcntl.LOCK_SH if shared else fcntl.LOCK_EX, wait):
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, 0o600)  # one an older prescreen made 0644
+    with os.fdopen(fd, "r+") as handle:
+        held, deadline = False, time.monotonic() + wait
+        while not held:
+            try:
+                fcntl.flock(handle, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+                held = True
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.002)
+        if not held:
             if not shared:
                 raise TimeoutError(f"{directory / LOCK_NAME} held for over {wait:g} s")
             yield False
@@ -70,14 +67,6 @@ def recovery_lock(directory: Path, *, shared: bool = False, wait: float = 30.0) 
             yield True
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def open_lock_file(directory: Path) -> IO[str]:
-    """``recovery.lock``, 0600 (nobody else can open it to hold it), never through a symlink."""
-    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    with contextlib.suppress(OSError):
-        os.fchmod(fd, 0o600)  # one an older prescreen made 0644
-    return os.fdopen(fd, "r+")
 
 
 def is_corrupt(db: Path, timeout: float) -> bool:

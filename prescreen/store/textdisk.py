@@ -36,7 +36,7 @@ KEY_ROWS = "SELECT key, filename FROM Cache WHERE raw = 1 ORDER BY rowid"  # (ke
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Missing:
-    """A row whose ``.val`` file is gone (a delete or eviction killed half-way): a miss, to be cleaned."""
+    """A row whose ``.val`` file is gone: a miss, to be cleaned."""
 
     filename: str
 
@@ -192,24 +192,18 @@ class ReadOnlyCache:
     def __init__(self, directory: Path, timeout: float) -> None:
         self.directory = directory
         self.disk = TextDisk(str(directory))
-        db = directory / DBNAME
-        if not db.is_file():
-            raise FileNotFoundError(f"no {DBNAME} in {directory}")
-        uri = db.resolve().as_uri()
-        last: sqlite3.Error | None = None
-        for query in ("?mode=ro", "?immutable=1"):
+        self._lock = threading.Lock()
+        uri = (directory / DBNAME).resolve().as_uri()
+        for mode in ("mode=ro", "immutable=1"):
             try:
-                con = sqlite3.connect(uri + query, uri=True, timeout=timeout, check_same_thread=False)
+                con = sqlite3.connect(f"{uri}?{mode}", uri=True, timeout=timeout, check_same_thread=False)
                 con.execute("SELECT count(*) FROM Cache").fetchone()
-            except sqlite3.Error as exc:
-                last = exc
+            except sqlite3.Error:
+                if mode == "immutable=1":
+                    raise
                 continue
-            self.con = con
-            self.mode = query.lstrip("?")
-            self._lock = threading.Lock()
-            return
-        assert last is not None
-        raise last
+            self.con, self.mode = con, mode
+            break
 
     def get(self, key: str) -> object:
         """The decoded value under ``key`` (text, int or ``Refused``), or None."""
