@@ -97,16 +97,10 @@ def _device_clones(autotuner: Any, named: list[tuple[str, Any]], device: Any, fl
     return always + [(n, v) for n, v, _size in best]
 
 
-def plan_for_autotuner(
-    autotuner: Any, args: tuple[Any, ...], kwargs: dict[str, Any], named: list[tuple[str, Any]] | None = None,
-    device: Any = None,
-) -> KernelPlan:
-    """The runtime benchmark of one kernel: the mutated args upstream clones on the device, and the flush buffer.
-
-    ``named`` and ``device``: ``_named_args`` of the call and ``_device_of`` them, where the caller has them.
-    """
-    named = _named_args(autotuner, args, kwargs) if named is None else named
-    device = _device_of(named) if device is None else device
+def plan_for_autotuner(autotuner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> KernelPlan:
+    """The runtime benchmark of one kernel: the mutated args upstream clones on the device, and the flush buffer."""
+    named = _named_args(autotuner, args, kwargs)
+    device = _device_of(named)
     clones = _device_clones(autotuner, named, device, flush_buffer_bytes(device))
     kernel = getattr(autotuner.fn, "__name__", None) or str(getattr(autotuner, "inductor_meta", {}).get("kernel_name"))
     return KernelPlan(group_features=(), axis_names=(), axis_static_values=(),
@@ -140,11 +134,10 @@ def _describe_config(autotuner: Any) -> str:
 def _decide(autotuner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[KernelPlan, Any, Outcome] | None:
     """The runtime step's plan, device and decision (runtime autotuning and coordinate descent share them);
     None on a host device, where nothing is guarded."""
-    named = _named_args(autotuner, args, kwargs)
-    device = _device_of(named)
+    device = _device_of(_named_args(autotuner, args, kwargs))
     if getattr(device, "type", "cpu") in ("cpu", "meta"):
         return None
-    plan = plan_for_autotuner(autotuner, args, kwargs, named, device)
+    plan = plan_for_autotuner(autotuner, args, kwargs)
     return plan, device, lookup_or_decide(plan, state.budget_for(device), state.get_store())
 
 
