@@ -156,9 +156,6 @@ def check_bundle(path: str | os.PathLike[str]) -> int:
     header: dict[str, object] = {}
     count = None
     try:
-        if stream.peek() != "{":
-            kind = {"[": "list", '"': "str", "": "an empty file"}.get(stream.peek(), "something else")
-            raise stream.bad(f"expected a JSON object, found {kind}")
         for name, member in stream.members():
             if name != "entries":
                 header[name] = member.value(_HEADER_LIMIT, f"header {name!r}")
@@ -175,8 +172,9 @@ def check_bundle(path: str | os.PathLike[str]) -> int:
         raise ConfigError(f"{where} has bundle_version {header.get('bundle_version')!r}; "
                           f"this prescreen reads bundle_version {BUNDLE_VERSION}")
     if header.get("schema_version") != SCHEMA_VERSION:
-        raise ConfigError(f"{where} holds decisions of schema {header.get('schema_version')!r}; this prescreen uses "
-                          f"schema {SCHEMA_VERSION} (export them again with a matching prescreen, or re-run prescreen warm)")
+        raise ConfigError(f"{where} holds decisions of schema {header.get('schema_version')!r}; this prescreen "
+                          f"uses schema {SCHEMA_VERSION} (export them again with a matching prescreen, or re-run "
+                          "prescreen warm)")
     if count is None:
         raise stream.bad("it has no 'entries' list")
     return count
@@ -215,5 +213,6 @@ def import_bundle(store: Store, path: str | os.PathLike[str]) -> tuple[int, int]
     if invalid or unsigned:
         refused = f"refused {unsigned} unsigned or forged entries; " if unsigned else ""
         skipped = f"skipped {invalid} invalid entries (first {first_invalid}); " if invalid else ""
-        log.warning("prescreen import %s: %s%s%d imported, %d already present", where, refused, skipped, imported, present)
+        log.warning("prescreen import %s: %s%s%d imported, %d already present", where, refused, skipped, imported,
+                    present)
     return imported, present + invalid + unsigned

@@ -31,6 +31,7 @@ from prescreen.store.trust import (
 
 MAX_ENTRY_BYTES = 4 * 2**20  # an entry's JSON text is a few KiB; anything above this cap is refused unread
 MAX_DEPTH = 64  # nesting of a stored plan or family; a valid plan expression is a few levels deep
+_HEAD_KEYS = HEAD_FIELDS | {SIGNATURE_FIELD}
 
 
 class InvalidEntry(ValueError):
@@ -59,21 +60,10 @@ class Entry:
     schema_version: int = SCHEMA_VERSION
 
     @staticmethod
-    def new(
-        key: str, parts: KeyParts, plan: KernelPlan, family: dict[str, object] | None, decision: Decision
-    ) -> "Entry":
-        return Entry(
-            key=key,
-            parts=parts,
-            kernel=plan.display_name,
-            plan_text=canonical_json(plan.to_payload()),
-            dynamic=plan.is_dynamic,
-            family=family,
-            decision=decision,
-            created_at=time.time(),
-            host=socket.gethostname(),
-            pid=os.getpid(),
-        )
+    def new(key: str, parts: KeyParts, plan: KernelPlan, family: dict[str, object] | None, decision: Decision) -> Entry:
+        return Entry(key=key, parts=parts, kernel=plan.display_name, plan_text=canonical_json(plan.to_payload()),
+                     dynamic=plan.is_dynamic, family=family, decision=decision, created_at=time.time(),
+                     host=socket.gethostname(), pid=os.getpid())
 
     @property
     def plan(self) -> dict[str, object]:
@@ -246,13 +236,8 @@ def read_stored(
         return entry, str(refused)
 
 
-_HEAD_KEYS = HEAD_FIELDS | {SIGNATURE_FIELD}
-
-
 def parse_json(text: str) -> object:
-    """JSON text of at most ``MAX_ENTRY_BYTES``, with finite numbers only; raises ``InvalidEntry``."""
-    if len(text) > MAX_ENTRY_BYTES:
-        raise InvalidEntry(f"entry is {len(text)} bytes, over the {MAX_ENTRY_BYTES}-byte cap")
+    """JSON text (a line of a capped entry), with finite numbers only; raises ``InvalidEntry``."""
     try:
         return _DECODER.decode(text)
     except RecursionError:

@@ -12,6 +12,7 @@ server is warned about once and left alone for ``cooldown`` seconds, so a compil
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -49,8 +50,6 @@ return {value, -1}
 """
 
 T = TypeVar("T")
-
-
 _SECRET_PARAMS = re.compile(r"(?i)([?&;](?:password|passwd|pass|pwd|secret|token|auth)[^=&;#]*=)([^&;#]*)")
 
 
@@ -227,9 +226,8 @@ class RedisStore(Store):
         return f"{self.prefix}{{{key}}}:hits"
 
     def _call(self, op: Callable[[], T], default: T, force: bool = False, per_command: bool = False) -> T:
-        """``op``, or ``default`` on a fault or while the server is left alone (``force``: a fact's write, tried
-        even then). ``op`` has ``timeout`` in all (``per_command``: each command it sends has, for a scan or a
-        batch of any length)."""
+        """``op`` within ``timeout`` (``per_command``: each command it sends), or ``default`` on a fault or while the
+        server is left alone (``force``: a fact's write is tried even then)."""
         if not force and time.monotonic() < self._down_until:
             return default
         deadline = self._deadline
@@ -394,7 +392,5 @@ class RedisStore(Store):
         return StoreStats(self.backend, self.location, count, None, self.hits, self.misses, info is not None, detail)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(redis.RedisError):
             self._client.close()
-        except redis.RedisError:
-            pass

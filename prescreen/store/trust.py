@@ -81,16 +81,11 @@ def fixed_location(directory: Path) -> Path:
 
 def resolve_size_limit(size_limit: int | str | None = None) -> int:
     """Bytes from the argument, else ``$PRESCREEN_CACHE_SIZE_LIMIT`` (e.g. ``512MiB``), else 1 GiB."""
-    if size_limit is not None:
-        source, raw = "size_limit", size_limit
-    else:
-        raw = os.environ.get(SIZE_LIMIT_ENV, "").strip()
-        if not raw:
-            return DEFAULT_SIZE_LIMIT
-        source = SIZE_LIMIT_ENV
+    raw = size_limit if size_limit is not None else os.environ.get(SIZE_LIMIT_ENV, "").strip() or DEFAULT_SIZE_LIMIT
     try:
         return parse_memory(raw)
     except ConfigError:
+        source = "size_limit" if size_limit is not None else SIZE_LIMIT_ENV
         raise ConfigError(f"{source}={raw!r} is not a size (expected e.g. 1GiB, 512MiB or a byte count)") from None
 
 
