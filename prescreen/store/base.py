@@ -146,10 +146,10 @@ class NullStore(Store):
     """The store when caching is switched off (``PRESCREEN_CACHE=0``): every get misses, every put is refused."""
 
     backend = "off"
+    location = "disabled"
 
-    def __init__(self, location: str = "disabled", detail: str = "caching is switched off") -> None:
+    def __init__(self, detail: str = "caching is switched off") -> None:
         super().__init__()
-        self.location = location
         self.detail = detail
 
     def get(self, key: str) -> Entry | None:

@@ -29,14 +29,7 @@ from diskcache.core import DBNAME
 from prescreen.decision import is_observed_oom
 from prescreen.store.base import Store, StoreStats, log
 from prescreen.store.entry import Entry, outranks
-from prescreen.store.recovery import (
-    LOCK_NAME,
-    file_id,
-    recover,
-    recovery_lock,
-    remove_orphans,
-    resume,
-)
+from prescreen.store.recovery import LOCK_NAME, file_id, recover, recovery_lock, remove_orphans, resume
 from prescreen.store.textdisk import (
     HITS_PREFIX,
     BoundedOpenCache,

@@ -127,17 +127,8 @@ class TextDisk(diskcache.Disk):
 
     def remove(self, file_path: str) -> None:
         """Delete a ``.val`` file the cache made, and its emptied sub-directories; any other name is left alone."""
-        path = value_file(self._directory, file_path)
-        if path is None:
-            return
-        with contextlib.suppress(OSError):
-            os.remove(path)
-        sub = os.path.dirname(path)
-        for directory in (sub, os.path.dirname(sub)):
-            try:
-                os.rmdir(directory)
-            except OSError:
-                return
+        if value_file(self._directory, file_path) is not None:
+            super().remove(file_path)
 
 
 class BoundedOpenCache(diskcache.Cache):
