@@ -167,11 +167,8 @@ def _infos(zf: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
 
 
 def _manifest(zf: zipfile.ZipFile, infos: dict[str, zipfile.ZipInfo]) -> dict[str, Any]:
-    def refuse_constant(name: str) -> None:
-        raise ValueError(f"the number {name}")
-
-    try:
-        manifest = json.loads(zf.read(infos[MANIFEST]).decode("utf-8"), parse_constant=refuse_constant)
+    try:  # NaN or Infinity parse, and fail the checks below as any wrong value does
+        manifest = json.loads(zf.read(infos[MANIFEST]).decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise _Refused(f"{MANIFEST} is not JSON: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -238,6 +235,8 @@ def load(path: str | os.PathLike[str], store: Store | None = None) -> Loaded:
     Every check runs before anything is changed; then the decisions are imported (a stricter entry in place
     stays: an observed OOM is never replaced), and torch's caches are populated last.
     """
+    from prescreen.store import open_store
+
     where = str(path)
     try:
         with open(path, "rb") as raw, zipfile.ZipFile(raw) as zf, \
@@ -259,7 +258,14 @@ def load(path: str | os.PathLike[str], store: Store | None = None) -> Loaded:
             except ConfigError as exc:
                 raise _Refused(f"{DECISIONS}: {str(exc).replace(str(bundle), DECISIONS)}") from None
             parsed = _parse_torch(torch_data) if torch_data is not None else None
-            return _put_in_place(where, bundle, torch_data, parsed, store)
+            used = store if store is not None else open_store()
+            try:
+                imported, skipped = import_bundle(used, bundle)  # each entry validated; a stricter one in place stays
+                loaded = _populate_torch(parsed, where, imported) if parsed is not None else {}
+            finally:
+                if store is None:
+                    used.close()
+            return Loaded(where, imported, skipped, len(torch_data or b""), loaded)
     except _Refused as exc:
         raise ConfigError(f"{where} is not a usable prescreen artifact: {exc}") from None
     except zipfile.BadZipFile as exc:
@@ -268,23 +274,13 @@ def load(path: str | os.PathLike[str], store: Store | None = None) -> Loaded:
         raise ConfigError(f"cannot read artifact {where}: {exc.strerror or exc}") from None
 
 
-def _put_in_place(where: str, bundle: Path, torch_data: bytes | None, parsed: Any, store: Store | None) -> Loaded:
-    from prescreen.store import open_store
+def _populate_torch(parsed: Any, where: str, imported: int) -> dict[str, int]:
+    """Put torch's caches in place; what its ``CacheInfo`` lists, by artifact kind."""
+    from torch.compiler._cache import CacheArtifactManager
 
-    used = store if store is not None else open_store()
     try:
-        imported, skipped = import_bundle(used, bundle)  # each entry validated; a stricter one in place is kept
-        info: dict[str, int] = {}
-        if parsed is not None:
-            from torch.compiler._cache import CacheArtifactManager
-
-            try:
-                artifacts = CacheArtifactManager.populate_caches(parsed).artifacts
-            except Exception as exc:  # e.g. a full disk: the decisions stay (they are valid on their own)
-                raise ConfigError(f"{where}: torch could not put its caches in place ({type(exc).__name__}: {exc}); "
-                                  f"{imported} decisions were imported") from None
-            info = {str(kind): len(keys) for kind, keys in artifacts.items() if keys}
-    finally:
-        if store is None:
-            used.close()
-    return Loaded(where, imported, skipped, len(torch_data or b""), info)
+        artifacts = CacheArtifactManager.populate_caches(parsed).artifacts
+    except Exception as exc:  # e.g. a full disk: the decisions stay (they are valid on their own)
+        raise ConfigError(f"{where}: torch could not put its caches in place ({type(exc).__name__}: {exc}); "
+                          f"{imported} decisions were imported") from None
+    return {str(kind): len(keys) for kind, keys in artifacts.items() if keys}

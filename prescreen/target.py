@@ -105,22 +105,15 @@ def split_inductor_config(value: str | list[str] | Mapping[str, object]) -> tupl
     return tuple(str(v) for v in value)
 
 
-def _spec_shape(name: object, value: object, where: str) -> ShapeRange:
-    if isinstance(value, Mapping):
-        unknown = sorted(set(value) - {"min", "max"})
-        if unknown or "max" not in value or "min" not in value:
-            raise ConfigError(f"{where}: shape {name!r} must be 'MIN..MAX' or {{min = MIN, max = MAX}}, got "
-                              f"{dict(value)!r}")
-        low, high = value["min"], value["max"]
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)):
-            raise ConfigError(f"{where}: shape {name!r} needs whole numbers for min and max, got {dict(value)!r}")
-        text = f"{name}={low}..{high}"
-    elif isinstance(value, (str, int)) and not isinstance(value, bool):
-        text = f"{name}={value}"
-    else:
-        raise ConfigError(f"{where}: shape {name!r} must be 'MIN..MAX' or {{min = MIN, max = MAX}}, got {value!r}")
+def _spec_shape(name: str, value: object, where: str) -> ShapeRange:
+    if isinstance(value, Mapping) and set(value) == {"min", "max"} and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value.values()):
+        value = f"{value['min']}..{value['max']}"
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ConfigError(f"{where}: shape {name!r} must be 'MIN..MAX' or {{min = MIN, max = MAX}} (whole numbers), "
+                          f"got {value!r}")
     try:
-        return parse_shape(text)
+        return parse_shape(f"{name}={value}")
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 
@@ -261,12 +254,10 @@ def available_memory(device: str) -> tuple[int, str] | None:
     if kind == "cpu":
         try:
             with open("/proc/meminfo") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024, "available host memory"
-        except (OSError, ValueError, IndexError):
-            pass
-        return None
+                line = next(line for line in f if line.startswith("MemAvailable:"))
+            return int(line.split()[1]) * 1024, "available host memory"
+        except (OSError, ValueError, IndexError, StopIteration):
+            return None
     mem_get_info = getattr(getattr(torch, kind, None), "mem_get_info", None)
     if mem_get_info is None:
         return None
@@ -323,22 +314,18 @@ def check_fits(fn: Callable[..., Any], grid: list[dict[str, int]], device: str) 
                           "narrow --shape")
 
 
-def check_device(device: str) -> str:
-    """``device`` if torch can build a model on it here, else a ConfigError saying why."""
+def check_device(device: str) -> None:
+    """A ConfigError saying why, unless torch can build a model on ``device`` here."""
     import torch
 
     try:
         kind = torch.device(device).type
     except (RuntimeError, ValueError, TypeError) as exc:
         raise ConfigError(f"--device {device!r} is not a device: {first_line(exc)}") from None
-    if kind == "cpu" or kind == "meta":
-        return device
-    backend = getattr(torch, kind, None)
-    is_available = getattr(backend, "is_available", None)
-    if is_available is None or not is_available():
+    is_available = getattr(getattr(torch, kind, None), "is_available", None)
+    if kind not in ("cpu", "meta") and (is_available is None or not is_available()):
         raise ConfigError(f"--device {device!r}: no {kind} device is available to this torch build "
                           f"({torch.__version__}); use --device cpu, or --plans to decide for another device")
-    return device
 
 
 def parse_inductor_config(items: list[str] | tuple[str, ...]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from prescreen.errors import ConfigError, NotBounded
 from prescreen.expr import Const
 from prescreen.plan import KernelPlan
 from prescreen.service import OBSERVERS, Outcome, lookup_or_decide
-from prescreen.store.base import NullStore, Store, StoreStats
+from prescreen.store.base import NullStore, Store
 from prescreen.store.entry import Entry
 from prescreen.target import ShapeRange, build, check_device, check_fits, first_line, load_target, shape_points
 
@@ -30,7 +30,7 @@ Progress = Callable[[int, int, dict[str, int]], None]
 
 
 class ReadOnlyStore(NullStore):
-    """Reads through to another store and never writes (``--dry-run``: the hooks hold a store, not a flag)."""
+    """Looks decisions up in another store and never writes (``--dry-run``: the hooks hold a store, not a flag)."""
 
     backend = "dry-run"
 
@@ -43,12 +43,6 @@ class ReadOnlyStore(NullStore):
 
     def lookup(self, key: str) -> Entry | None:
         return self.inner.lookup(key)
-
-    def entries(self) -> Iterator[Entry]:
-        return self.inner.entries()
-
-    def stats(self) -> StoreStats:
-        return self.inner.stats()
 
 
 @dataclasses.dataclass
@@ -192,17 +186,15 @@ def _autotune_output_held(settings: Mapping[str, Any], verbose: bool) -> Iterato
 
     held: list[tuple[object, str, object]] = []
     try:
-        for setting, name in QUIET_AUTOTUNE.items():
-            if verbose or setting in settings:
-                continue
+        for name in (name for setting, name in QUIET_AUTOTUNE.items() if not verbose and setting not in settings):
             owner_name, _, attr = name.rpartition(".")
             owner = getattr(select_algorithm, owner_name, None) if owner_name else select_algorithm
             if owner is None or attr not in vars(owner):
                 logging.getLogger("prescreen").info("prescreen warm: this torch has no select_algorithm.%s; its "
                                                     "autotune output is not held back", name)
-                continue
-            held.append((owner, attr, vars(owner)[attr]))
-            setattr(owner, attr, staticmethod(_silent) if owner_name else _silent)
+            else:
+                held.append((owner, attr, vars(owner)[attr]))
+                setattr(owner, attr, staticmethod(_silent) if owner_name else _silent)
         yield
     finally:
         for owner, attr, original in reversed(held):

@@ -8,6 +8,7 @@ click's usage errors); :class:`PrescreenGroup` prints either as one ``error:`` l
 from __future__ import annotations
 
 import logging
+import logging.handlers
 import re
 import sys
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from prescreen.store.base import Store
 
 __all__ = ["HeldStoreWarnings", "PrescreenGroup", "StoreOpener", "cli", "fail", "main"]
+
 
 def fail(message: str) -> NoReturn:
     """One clear line on stderr, exit code 2, no traceback (control characters shown as escapes)."""
@@ -93,12 +95,8 @@ class StoreOpener:
         self._store: Store | None = None
 
     def store(self, writable: bool = True) -> Store:
-        """The configured store, or a ConfigError naming why it is unusable.
-
-        Reading commands accept a read-only store (a cache baked into an image). The store's fault warnings
-        are held while it opens: an unusable store is one error line naming the fault, not a warning and then
-        the error.
-        """
+        """The configured store, or a ConfigError naming why it is unusable (one line: its warnings are held while
+        it opens). Reading commands accept a read-only store (a cache baked into an image)."""
         if self._store is None:
             from prescreen.store import open_store
 
@@ -115,17 +113,14 @@ class StoreOpener:
         return self._store
 
 
-class HeldStoreWarnings(logging.Handler):
+class HeldStoreWarnings(logging.handlers.BufferingHandler):
     """Holds ``prescreen.store`` warnings back for as long as it is entered; :meth:`replay` logs them."""
 
     def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.records: list[logging.LogRecord] = []
+        super().__init__(capacity=1 << 16)
+        self.setLevel(logging.WARNING)
         self._log = logging.getLogger("prescreen.store")
         self._propagate = True
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
 
     def __enter__(self) -> HeldStoreWarnings:
         self._propagate, self._log.propagate = self._log.propagate, False
@@ -138,15 +133,15 @@ class HeldStoreWarnings(logging.Handler):
 
     def first(self) -> str | None:
         """The first fault as ``what (cause)``, without the logger's store prefix."""
-        if not self.records:
+        if not self.buffer:
             return None
-        r = self.records[0]
+        r = self.buffer[0]
         if isinstance(r.args, tuple) and len(r.args) == 4:  # Store.warn_once: backend, location, what, exc
             return f"{r.args[2]} ({r.args[3]})"
         return r.getMessage()
 
     def replay(self) -> None:
-        for r in self.records:
+        for r in self.buffer:
             self._log.handle(r)
 
 

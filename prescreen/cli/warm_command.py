@@ -172,24 +172,19 @@ _PLANS_ONLY = ("device_kind",)
 
 def _check_applies(ctx: click.Context, plans_warm: bool) -> None:
     """A setting the chosen warm would not use is an error, on the command line or in the spec, not a silent no-op."""
+    why = ("does not apply to --plans (the plans hold their sizes; nothing is compiled)" if plans_warm
+           else "applies to --plans only (a model warm decides for the device it compiles on: --device)")
     for name in _MODEL_ONLY if plans_warm else _PLANS_ONLY:
-        if ctx.get_parameter_source(name) not in (ParameterSource.COMMANDLINE, ParameterSource.DEFAULT_MAP):
-            continue
-        if plans_warm:
-            raise ConfigError(f"{given_as(ctx, name)} does not apply to --plans (the plans hold their sizes; nothing "
-                              "is compiled)")
-        raise ConfigError(f"{given_as(ctx, name)} applies to --plans only (a model warm decides for the device it "
-                          "compiles on: --device)")
+        if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.DEFAULT_MAP):
+            raise ConfigError(f"{given_as(ctx, name)} {why}")
 
 
-def _check_shape_names(families: tuple[ShapeRange, ...], source: str) -> None:
-    seen: dict[str, ShapeRange] = {}
-    for family in families:
-        if family.name in seen:
-            first = seen[family.name]
-            raise ConfigError(f"{source} {family.name} is given twice ({first.low}..{first.high} and "
-                              f"{family.low}..{family.high}); give each shape once")
-        seen[family.name] = family
+def _check_shape_names(shapes: tuple[ShapeRange, ...], source: str) -> None:
+    for i, shape in enumerate(shapes):
+        first = next((s for s in shapes[:i] if s.name == shape.name), None)
+        if first is not None:
+            raise ConfigError(f"{source} {shape.name} is given twice ({first.low}..{first.high} and "
+                              f"{shape.low}..{shape.high}); give each shape once")
 
 
 @contextlib.contextmanager
