@@ -155,7 +155,7 @@ def inspect(obj: StoreOpener, key: str | None, key_prefix: str | None, kernel: s
     chosen = selection(key_prefix, kernel, device, decision, older_than)
     store = obj.store(writable=False)
     if verify:
-        from prescreen.store.verify import verify_entry
+        from prescreen.store.clear import verify_entry
 
         shown = [_one(store, key)] if key else [e for e in store.entries() if chosen(e)]
         stale = [e for e in shown if not verify_entry(e)]

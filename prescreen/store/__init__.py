@@ -23,12 +23,12 @@ from prescreen.store.clear import (
     match_key_prefix,
     match_older_than,
     parse_duration,
+    verify_entry,
 )
 from prescreen.store.disk import DiskStore
 from prescreen.store.entry import Entry, InvalidEntry
 from prescreen.store.tiered import TieredStore
 from prescreen.store.trust import default_cache_dir, resolve_size_limit
-from prescreen.store.verify import verify_entry
 
 if TYPE_CHECKING:
     from prescreen.store.redis_store import RedisStore

@@ -1,4 +1,5 @@
-"""What ``prescreen clear`` removes: entry predicates and the duration parser for ``--older-than``."""
+"""What the store commands select and check: entry predicates, the duration parser for ``--older-than`` and
+``verify_entry`` for ``inspect --verify``."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ import re
 import time
 from collections.abc import Callable
 
+from prescreen.budget import Budget
+from prescreen.decision import decide
 from prescreen.errors import ConfigError
-from prescreen.store.entry import Entry
+from prescreen.key import plan_hashes
+from prescreen.plan import KernelPlan
+from prescreen.store.entry import Entry, InvalidEntry
 
 Predicate = Callable[[Entry], bool]
 
@@ -91,3 +96,16 @@ def build_predicate(
     if not preds:
         raise ConfigError("nothing selected: pass --all or a filter (key prefix, kernel, device, older-than)")
     return lambda entry: all(p(entry) for p in preds)
+
+
+def verify_entry(entry: Entry) -> bool:
+    """True when the entry's stored plan hashes to its key's plan and family hashes, has its dynamic flag, and a
+    fresh ``decide`` for it gives exactly its decision; a plan that does not decode or parse is False."""
+    try:
+        plan = KernelPlan.from_payload(entry.plan)
+    except (InvalidEntry, ValueError):  # NotBounded is a ValueError
+        return False
+    budget = Budget(entry.parts.device_kind, entry.parts.total_memory, entry.parts.ratio)
+    if plan.is_dynamic != entry.dynamic or plan_hashes(plan) != (entry.parts.plan_hash, entry.parts.family_hash):
+        return False
+    return decide(plan, budget) == entry.decision
