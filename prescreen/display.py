@@ -13,6 +13,7 @@ import html
 import os
 import re
 import sys
+import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -85,15 +86,11 @@ def compact() -> bool:
 def wrap_items(head: str, items: Sequence[str], width: int) -> str:
     """``head`` and the comma-separated ``items`` in lines of at most ``width``, broken only between items (never
     between a count and what it counts: ``2 compiles`` stays on one line)."""
-    lines, line = [], head
-    for i, item in enumerate(items):
-        piece = item + ("," if i < len(items) - 1 else "")
-        if len(line) + 1 + len(piece) > width and line:
-            lines.append(line)
-            line = piece
-        else:
-            line = f"{line} {piece}" if line else piece
-    return "\n".join([*lines, line])
+    glue = "\u00a0"  # textwrap breaks at ASCII whitespace only
+    pieces = [head, *(f"{item}," for item in items[:-1]), *items[-1:]]
+    lines = textwrap.wrap(" ".join(p.replace(" ", glue) for p in pieces), width, break_long_words=False,
+                          break_on_hyphens=False)
+    return "\n".join(lines).replace(glue, " ")
 
 
 def widest_fitting(layouts: Sequence[T], build: Callable[[T], Table]) -> Table:

@@ -252,23 +252,6 @@ class _Planned(Exception):
     fusion decisions and lowering its algorithm selections, which is all prescreen decides at compile time."""
 
 
-@contextlib.contextmanager
-def _codegen_skipped() -> Iterator[None]:
-    """A compile stops where its kernels would be generated (most of its time once nothing is benchmarked)."""
-    from torch._inductor.scheduler import Scheduler
-
-    original = Scheduler.codegen
-
-    def planned(self: Any, *args: Any, **kwargs: Any) -> Any:
-        raise _Planned()
-
-    Scheduler.codegen = planned  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        Scheduler.codegen = original  # type: ignore[method-assign]
-
-
 def _stopped_by_plan(exc: BaseException | None) -> bool:
     """Whether ``exc`` is ``_Planned``, however torch wrapped it (``inner_exception``, cause, context)."""
     seen: set[int] = set()
@@ -280,20 +263,31 @@ def _stopped_by_plan(exc: BaseException | None) -> bool:
     return False
 
 
+def _stop_at_codegen(self: Any, *args: Any, **kwargs: Any) -> None:
+    raise _Planned()
+
+
 def _compile_point(fn: Callable[..., Any], sizes: dict[str, int], device: str, mode: str,
                    plan_only: bool = False) -> None:
-    """One fresh compile of the target at ``sizes`` (dynamo reset first, so nothing in memory answers)."""
+    """One fresh compile of the target at ``sizes`` (dynamo reset first, so nothing in memory answers); with
+    ``plan_only`` it stops where its kernels would be generated (most of a compile once nothing is benchmarked)."""
     import torch
+    from torch._inductor.scheduler import Scheduler
 
     model, inputs = build(fn, sizes, device)
     torch._dynamo.reset()
     compiled = torch.compile(model, dynamic=True, mode=mode)
+    codegen = Scheduler.codegen
+    if plan_only:
+        Scheduler.codegen = _stop_at_codegen  # type: ignore[method-assign]
     try:
-        with torch.no_grad(), families.naming(sizes), _codegen_skipped() if plan_only else contextlib.nullcontext():
+        with torch.no_grad(), families.naming(sizes):
             compiled(*inputs)  # type: ignore[no-untyped-call]
     except Exception as exc:
         if not (plan_only and _stopped_by_plan(exc)):
             raise
+    finally:
+        Scheduler.codegen = codegen  # type: ignore[method-assign]
 
 
 def warm_model(

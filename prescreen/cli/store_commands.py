@@ -161,7 +161,7 @@ def inspect(obj: StoreOpener, key: str | None, key_prefix: str | None, kernel: s
         stale = [e for e in shown if not verify_entry(e)]
         for e in stale:
             display.err().print(f"[bold red]mismatch:[/] {markup(e.key[:KEY_CHARS])} {markup(e.kernel)}: stored decision "
-                        "differs from a fresh computation", highlight=False)
+                                "differs from a fresh computation", highlight=False)
         out().print(f"verified {len(shown)} entries: {len(shown) - len(stale)} identical to a fresh computation")
         if stale:
             sys.exit(1)
@@ -262,19 +262,19 @@ def stats(obj: StoreOpener, as_json: bool) -> None:
     entries = list(store.entries())
     stored_hits = sum(e.hits for e in entries)
     lookups = stored_hits + s.entries  # every entry was computed once (a miss), then reused stored_hits times
-    counts = {"tune": sum(e.decision.action == "tune" for e in entries),
-              "fallback": sum(e.decision.action == "fallback" for e in entries)}
+    tune = sum(e.decision.action == "tune" for e in entries)
+    fallback = len(entries) - tune  # a decision is one or the other
     if as_json:
         click.echo(json.dumps({
             "backend": s.backend, "location": s.location, "entries": s.entries, "size_bytes": s.size_bytes,
-            "tune": counts["tune"], "fallback": counts["fallback"], "hits": stored_hits,
+            "tune": tune, "fallback": fallback, "hits": stored_hits,
             "hit_rate": round(stored_hits / lookups, 6) if lookups else None, "healthy": s.healthy,
             "detail": s.detail,
         }, indent=2))
         return
     out().print(display.fields("prescreen store", [
         ("backend", s.backend), ("location", s.location), ("entries", str(s.entries)),
-        ("decisions", f"{counts['tune']} tune, {counts['fallback']} fallback"),
+        ("decisions", f"{tune} tune, {fallback} fallback"),
         ("size", format_bytes(s.size_bytes)),
         ("hits", str(stored_hits)),
         ("hit rate", f"{stored_hits / lookups:.1%} (hits / (hits + entries computed))" if lookups else "-"),
@@ -307,11 +307,7 @@ def import_cmd(obj: StoreOpener, path: str) -> None:
     """Load a bundle made by 'prescreen export' (every entry validated; another schema is refused)."""
     from prescreen.store.bundle import import_bundle
 
-    store = obj.store()
-    try:
-        imported, skipped = import_bundle(store, path)
-    except OSError as exc:
-        raise ConfigError(f"cannot read bundle {path!r}: {exc.strerror or exc}") from None
+    imported, skipped = import_bundle(obj.store(), path)  # a file it cannot read is its ConfigError
     out().print(f"imported {imported} entries from {markup(path)} ({skipped} already present or skipped)",
                 highlight=False)
 
@@ -327,9 +323,7 @@ def load_cmd(obj: StoreOpener, path: str) -> None:
     """
     from prescreen.artifact import load
 
-    store = obj.store()
-    loaded = load(path, store)
-    out().print(markup(loaded.summary()), highlight=False)
+    out().print(markup(load(path, obj.store()).summary()), highlight=False)
 
 
 #: The commands this module adds to the group.
