@@ -19,7 +19,6 @@ Predicate = Callable[[Entry], bool]
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhdw]?)\s*$")
-_HEX_RE = re.compile(r"^[0-9a-f]+$")
 
 
 def parse_duration(text: str) -> float:
@@ -39,7 +38,7 @@ def match_all() -> Predicate:
 def match_key_prefix(prefix: str) -> Predicate:
     """Entries whose key starts with ``prefix`` (hex, as ``prescreen inspect`` prints keys)."""
     prefix = prefix.strip().lower()
-    if not prefix or not _HEX_RE.match(prefix):
+    if not re.fullmatch("[0-9a-f]+", prefix):
         raise ConfigError(f"invalid key prefix {prefix!r} (expected hex digits of a key)")
     return lambda entry: entry.key.startswith(prefix)
 

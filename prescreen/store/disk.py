@@ -1,8 +1,7 @@
 """The embedded store: one diskcache directory, JSON text values, faults degrade to misses.
 
-The entry lives under its 64-hex key and its hit counter under ``hits:<key>``, so a hit never rewrites the
-entry. ``put`` is ``Cache.add`` (the first writer wins), except that an invalid value is replaced, and so is
-a valid one by a stricter entry (``entry.outranks``). docs/store-and-trust.md describes the layout.
+The entry lives under its key, its hit counter under ``hits:<key>`` (a hit never rewrites the entry); ``put``
+keeps the first writer's, unless invalid or less strict (``entry.outranks``). See docs/store-and-trust.md.
 
 Faults (``textdisk.classify``), each warned about once, none raised: a put retries a locked database for up
 to ``write_wait`` seconds; a write still locked, or a full disk, pauses writes for ``cooldown`` seconds
@@ -56,7 +55,6 @@ from prescreen.store.trust import (
 
 DEFAULT_TIMEOUT = 0.5
 DEFAULT_COOLDOWN = 30.0
-DEFAULT_WRITE_WAIT = 5.0  # how long a put retries through a locked database before it gives up
 #: No memory map (diskcache maps 64 MiB): a first read after another process's commit costs 1.3x to 4.9x more
 #: through it (``bench/bench_cold_lookup.py``). Kept in the Settings table, so every connection uses it.
 SQLITE_MMAP_SIZE = 0
@@ -86,7 +84,7 @@ class DiskStore(Store):
         timeout: float = DEFAULT_TIMEOUT,
         cooldown: float = DEFAULT_COOLDOWN,
         min_file_size: int = 2**15,
-        write_wait: float = DEFAULT_WRITE_WAIT,
+        write_wait: float = 5.0,  # how long a put retries through a locked database before it gives up
     ) -> None:
         super().__init__()
         self._hits = HitBuffer()  # holds the open cache (``_cache``) too
@@ -113,7 +111,6 @@ class DiskStore(Store):
     def _new_cache(self) -> BoundedOpenCache:
         return BoundedOpenCache(
             str(self.directory),
-            open_timeout=max(self.timeout, 0.05),
             timeout=self.timeout,
             disk=TextDisk,
             size_limit=self.size_limit,
@@ -247,17 +244,17 @@ class DiskStore(Store):
             with self._lock:  # opened first: a recovery it starts takes recovery.lock, held shared below
                 if self._handle(True, force) is None:
                     return default
-                with recovery_lock(self.directory, shared=True, wait=self.timeout) as held:
-                    if held is not False:  # None: no lock file can be made (read-only), the write fails on its own
-                        try:
+                try:  # None: no lock file can be made (read-only), the write fails on its own
+                    with recovery_lock(self.directory, shared=True, wait=self.timeout) as held:
+                        if held is not False:
                             self._follow_moves()
                             if self._handle(True, force) is None or self._cache is None:
                                 return default
                             result = op(self._cache)
                             self._healthy = True
                             return result
-                        except Exception as exc:  # a store fault is never the compile's problem
-                            failure = exc
+                except Exception as exc:  # a store fault is never the compile's problem
+                    failure = exc
             if (failure is None or classify(failure) is Fault.LOCKED) and time.monotonic() + delay < deadline:
                 time.sleep(delay)
                 delay = min(2 * delay, 0.2)

@@ -1,9 +1,8 @@
 """Recover from a corrupt ``cache.db``: move it aside, start afresh, keep every valid entry that can be read.
 
-The sequence (exclusive ``recovery.lock``, ``recovery.pending``, ``.corrupt-``/``.salvaged-`` names) is
-described in docs/store-and-trust.md ("Recovery"). Openers and writers hold the lock shared, so no process
-is opening the files being moved or is half-way through a write; a recovery killed at any point leaves
-``recovery.pending`` and the next open finishes it (salvage is idempotent).
+It runs under ``recovery.lock`` held exclusive (openers and writers hold it shared, so no file moves under
+them); ``recovery.pending`` stays until salvage (idempotent) is done, so the next open finishes a recovery
+killed at any point. docs/store-and-trust.md ("Recovery") describes the sequence.
 """
 
 from __future__ import annotations
@@ -22,14 +21,13 @@ import diskcache
 from diskcache.core import DBNAME
 
 from prescreen.store.entry import MAX_ENTRY_BYTES, InvalidEntry, read_stored
-from prescreen.store.textdisk import BoundedOpenCache, TextDisk, read_value_file
+from prescreen.store.textdisk import BoundedOpenCache, Fault, TextDisk, classify, read_value_file
 from prescreen.store.trust import Signer, create_private_file, open_regular, value_file
 
 log = logging.getLogger("prescreen.store")
 LOCK_NAME = "recovery.lock"
 PENDING_NAME = "recovery.pending"
 MOVED_PREFIX: str = DBNAME + ".corrupt-"
-RECOVERY_WAIT = 10.0  # how long a recovering process waits for another one's recovery (openers: their timeout)
 _SUFFIX = re.compile(r"[0-9]+-[0-9]+")
 _ROWID_GAP = 10_000  # without max(rowid), keep trying this many rowids past the last one found
 
@@ -75,17 +73,13 @@ def is_corrupt(db: Path, timeout: float) -> bool:
         return False
     try:
         con = sqlite3.connect(str(db), timeout=timeout)
-    except sqlite3.Error:
-        return False
-    try:
-        (result,) = con.execute("PRAGMA quick_check(1)").fetchone()
-        return bool(result != "ok")
-    except sqlite3.OperationalError as exc:
-        return "malformed" in str(exc) or "not a database" in str(exc)
-    except sqlite3.DatabaseError:
-        return True
-    finally:
-        con.close()
+        try:
+            (result,) = con.execute("PRAGMA quick_check(1)").fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error as exc:  # locked or unreadable is not corrupt
+        return classify(exc) is Fault.CORRUPT
+    return bool(result != "ok")
 
 
 def _pending_suffix(directory: Path) -> str | None:
@@ -245,7 +239,7 @@ def recover(
     """Under the exclusive lock: move a still-corrupt ``cache.db`` aside, open a fresh one, restore what is valid.
     Returns the cache, its ``file_id``, the moved database (None where ``cache.db`` was healthy by then) and how
     many entries came back; raises on failure."""
-    with recovery_lock(directory, wait=max(timeout, RECOVERY_WAIT)):
+    with recovery_lock(directory, wait=max(timeout, 10.0)):  # another process's recovery (openers: their timeout)
         moved = quarantine(directory, timeout)
         create_private_file(directory / DBNAME)
         cache = open_fresh()

@@ -28,7 +28,6 @@ from prescreen.store.base import Refused
 from prescreen.store.entry import MAX_ENTRY_BYTES
 from prescreen.store.trust import NotRegularFile, create_private_file, open_regular, value_file
 
-_MODE_NAMES = {MODE_RAW: "raw", MODE_BINARY: "binary", MODE_TEXT: "text", MODE_PICKLE: "pickle"}
 HITS_PREFIX = "hits:"  # a hit counter, an integer, lives under this prefix + the entry's key
 MAX_HITS = 2**62  # counters saturate here, far inside SQLite's 64-bit integers
 KEY_ROWS = "SELECT key, filename FROM Cache WHERE raw = 1 ORDER BY rowid"  # (key, value file) of text-keyed rows
@@ -122,7 +121,7 @@ class TextDisk(diskcache.Disk):
                 if exc.errno == errno.ELOOP:
                     return Refused("its value file is a symlink")
                 return Refused(f"its value file cannot be read ({exc.strerror})")
-        name = _MODE_NAMES.get(mode, f"mode {mode}")
+        name = {MODE_BINARY: "binary", MODE_PICKLE: "pickle"}.get(mode, f"mode {mode}")
         return Refused(f"value is stored as {name}, not JSON text; it is never unpickled")
 
     def remove(self, file_path: str) -> None:
@@ -132,22 +131,20 @@ class TextDisk(diskcache.Disk):
 
 
 class BoundedOpenCache(diskcache.Cache):
-    """A ``diskcache.Cache`` that gives up opening a locked database after ``open_timeout`` (diskcache retries
-    for 60 s: a probe read under a short timeout, and a bounded ``_sql_retry``), and whose ``get`` refuses a
+    """A ``diskcache.Cache`` that gives up opening a locked database after its ``timeout`` (diskcache retries
+    for 60 s: a probe read under that timeout, and a bounded ``_sql_retry``), and whose ``get`` refuses a
     value over ``MAX_ENTRY_BYTES`` unread (``bounded``)."""
 
-    open_timeout: float = 1.0
-
-    def __init__(self, directory: str, *, open_timeout: float, **kwargs: object) -> None:
-        self.open_timeout = open_timeout
+    def __init__(self, directory: str, *, timeout: float, **kwargs: object) -> None:
+        self.open_timeout = max(timeout, 0.05)
         db = os.path.join(directory, DBNAME)
         if os.path.isfile(db):
-            probe = sqlite3.connect(db, timeout=open_timeout)
+            probe = sqlite3.connect(db, timeout=self.open_timeout)
             try:
                 probe.execute("SELECT count(*) FROM sqlite_master").fetchone()
             finally:
                 probe.close()
-        super().__init__(directory, **kwargs)
+        super().__init__(directory, timeout=timeout, **kwargs)
 
     def get(self, key: object, default: object = None, *args: object, **kwargs: object) -> object:
         return bounded(self._con, lambda: super(BoundedOpenCache, self).get(key, default, *args, **kwargs))
@@ -158,7 +155,6 @@ class BoundedOpenCache(diskcache.Cache):
     @property
     def _sql_retry(self) -> Callable[..., sqlite3.Cursor]:
         sql = self._sql
-        limit = self.open_timeout
 
         def execute(statement: str, *args: object, **kwargs: object) -> sqlite3.Cursor:
             start = time.monotonic()
@@ -167,7 +163,7 @@ class BoundedOpenCache(diskcache.Cache):
                     cursor: sqlite3.Cursor = sql(statement, *args, **kwargs)
                     return cursor
                 except sqlite3.OperationalError as exc:
-                    if str(exc) != "database is locked" or time.monotonic() - start > limit:
+                    if str(exc) != "database is locked" or time.monotonic() - start > self.open_timeout:
                         raise
                     time.sleep(0.005)
 
