@@ -35,8 +35,8 @@ class ReadOnlyStore(NullStore):
     backend = "dry-run"
 
     def __init__(self, inner: Store) -> None:
-        super().__init__(inner.location)
-        self.inner = inner
+        super().__init__("dry run: nothing is stored")
+        self.inner, self.location = inner, inner.location
 
     def get(self, key: str) -> Entry | None:
         return self.inner.get(key)

@@ -302,3 +302,18 @@ def test_a_bad_spec_value_names_the_spec(tmp_path: Path, plans_file: Path) -> No
                      "spec '" + str(spec) + "': ratio=2 is out of range")
     assert_cli_error(invoke(tmp_path / "c", "warm", "--spec", str(spec), "--ratio", "0.5"),
                      "spec '" + str(spec) + "': device_memory '0.5' is less than one byte")
+
+
+def test_the_dry_run_store_reads_through_and_writes_nothing(tmp_path: Path) -> None:
+    from test_store_support import make_entry
+
+    from prescreen.store import DiskStore
+    from prescreen.warm import ReadOnlyStore
+
+    with DiskStore(tmp_path / "store") as inner:
+        entry = make_entry(1)
+        assert inner.put(entry)
+        dry = ReadOnlyStore(inner)
+        assert dry.location == inner.location and not dry.writable
+        assert dry.lookup(entry.key) is not None and dry.get(entry.key) is not None
+        assert not dry.put(make_entry(2)) and [e.key for e in inner.entries()] == [entry.key]
