@@ -18,11 +18,11 @@ from prescreen import display
 from prescreen.budget import format_bytes, parse_memory, parse_ratio
 from prescreen.display import KEY_CHARS, markup, out
 from prescreen.errors import ConfigError
+from prescreen.target import ShapeRange, load_spec, merge_inductor_config, parse_inductor_config, parse_shape
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.table import Table
 
-    from prescreen.target import ShapeRange
     from prescreen.warm import WarmReport
 
 __all__ = ["given_as", "warm"]
@@ -63,16 +63,12 @@ def _memory(value: str | int, where: str) -> int:
 
 
 def _shape(value: str | ShapeRange, where: str) -> ShapeRange:
-    from prescreen.target import ShapeRange, parse_shape
-
     return value if isinstance(value, ShapeRange) else parse_shape(value)  # a spec's shapes are parsed already
 
 
 def _use_spec(ctx: click.Context, param: click.Parameter, path: str | None) -> str | None:
     """``--spec`` (eager): the file's settings become the defaults of warm's other parameters."""
     if path:
-        from prescreen.target import load_spec
-
         ctx.meta[SPEC] = path
         ctx.default_map = {k: v for k, v in load_spec(path).items() if v != ()}
     return path
@@ -119,8 +115,6 @@ def warm(ctx: click.Context, target: str | None, shapes: tuple[ShapeRange, ...],
     over the file, and --inductor-config items win key by key.
     """
     from prescreen.budget import budget_basis, memory_override, resolve_ratio
-    from prescreen.target import merge_inductor_config
-
     source = ctx.get_parameter_source
     if target and plans:  # one from the command line and one from the spec: the command line's wins
         if source("target") is source("plans"):
@@ -153,8 +147,6 @@ def warm(ctx: click.Context, target: str | None, shapes: tuple[ShapeRange, ...],
             report = warming.warm_plans(loaded, ctx.obj.store(), Budget(device_kind, memory, ratio), dry_run=dry_run,
                                         progress=tick)
     else:
-        from prescreen.target import parse_inductor_config
-
         overrides = parse_inductor_config(config_items)
         store = ctx.obj.store()
         with _progress() as tick:
