@@ -205,6 +205,16 @@ def _wrap_one_config(original: Callable[..., Any]) -> Callable[..., Any]:
 _coordesc_skipped: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
+def _upstream_descends(autotuner: Any) -> bool:
+    """Whether upstream's coordinate descent may tune this kernel: torch >= 2.12 says so in
+    ``_should_coordesc_tune``; earlier versions return a template's or a user kernel's launcher at once."""
+    should = getattr(autotuner, "_should_coordesc_tune", None)
+    if isinstance(should, bool):
+        return should
+    kind = getattr(getattr(autotuner, "heuristic_type", None), "name", None)
+    return kind not in ("TEMPLATE", "USER_AUTOTUNE", "FIXED")
+
+
 def _wrap_coordesc(original: Callable[..., Any]) -> Callable[..., Any]:
     """``coordinate_descent_tuning`` benchmarks configs around the launcher on clones of the mutated args,
     as runtime autotuning does: skipped after a fallback, over budget or under ``--plan-only``; an OOM in it
@@ -212,9 +222,9 @@ def _wrap_coordesc(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def guarded_coordesc(self: Any, launcher: Any, *args: Any, **kwargs: Any) -> Any:
-        # Called at every launch until coordinate descent marks a config found: a kernel it never tunes, or
-        # one skipped here, is answered at once, not looked up again.
-        if getattr(self, "_should_coordesc_tune", True) is False:
+        # Called at every launch until coordinate descent marks a config found (each repetition of a
+        # compile-time benchmark included): a kernel it never tunes, or one skipped here, is answered at once.
+        if not _upstream_descends(self):
             return original(self, launcher, *args, **kwargs)
         if self in _coordesc_skipped:
             return launcher

@@ -549,3 +549,35 @@ def test_peak_headroom_is_what_upstream_reads(monkeypatch: pytest.MonkeyPatch, a
 
     monkeypatch.setattr(acc, "max_memory_allocated", custom_allocator)
     assert triton_autotune._peak_headroom() is None
+
+
+@pytest.mark.parametrize(("heuristic", "should", "looked_up"), [
+    ("TEMPLATE", None, False),      # torch <= 2.11: a template's launcher returned at once, no attribute
+    ("USER_AUTOTUNE", None, False),
+    ("POINTWISE", None, True),
+    ("POINTWISE", False, False),    # torch >= 2.12 says it in _should_coordesc_tune
+    ("TEMPLATE", True, True),
+])
+def test_coordinate_descent_upstream_never_runs_is_not_looked_up(
+    gpu_like: DiskStore, heuristic: str, should: bool | None, looked_up: bool
+) -> None:
+    """Upstream asks for coordinate descent at every launch, each repetition of a compile-time benchmark
+    included (8,000 asks in one GPT-2 compile on an H100, 2.6% of its time spent looking them up): a kernel
+    upstream never tunes is answered at once, as upstream answers it."""
+    from torch._inductor.runtime.hints import HeuristicType
+
+    from prescreen.hooks import triton_autotune
+
+    class Tuner(FakeAutotuner):
+        heuristic_type = HeuristicType[heuristic]
+
+        @triton_autotune._wrap_coordesc
+        def coordinate_descent_tuning(self, launcher: Any, *args: Any, **kwargs: Any) -> Any:
+            return launcher
+
+    if should is not None:
+        Tuner._should_coordesc_tune = should  # type: ignore[attr-defined]
+    tuner = Tuner(raise_oom=False)
+    for _ in range(3):
+        assert tuner.coordinate_descent_tuning(tuner.launchers[0], *_args()) is tuner.launchers[0]
+    assert len(list(gpu_like.entries())) == int(looked_up)
