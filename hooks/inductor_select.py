@@ -104,7 +104,7 @@ class _Converter:
 
     def _family(self, sym: Any) -> int:
         """``sym``'s value in plans (its bucket's bound, or its hint), its label recorded."""
-        hint = self.hint(sym)
+        hint = families.retarget(self.hint(sym))
         bucket = families.bucket_for(hint, self.scheme, *families.symbol_range(self.shape_env, sym))
         if hint not in bucket or (bucket.exact and self.scheme.kind == "exact"):
             return hint
@@ -123,8 +123,13 @@ class _Converter:
         try:
             converted = expr_from_sympy(e)
         except NotBounded:
-            return Const(self.hint(e))  # the benchmark uses the concrete hint anyway
-        return converted if _grows(e) else Const(self.hint(e))
+            return self._at_hint(e)  # the benchmark uses the concrete hint anyway
+        return converted if _grows(e) else self._at_hint(e)
+
+    def _at_hint(self, e: Any) -> Const:
+        if any(families.retarget(h) != h for h in map(self.hint, e.free_symbols)):
+            raise families.NotRetargetable(f"{e} is taken at its hint")
+        return Const(self.hint(e))
 
     def tensor(self, name: str, node: Any, layout: Any) -> list[TensorArg | WorkspaceArg]:
         """The argument(s) ``rand_strided`` allocates for ``node``: its storage, and its offset if any."""
@@ -282,6 +287,10 @@ def _guard(selector: Any, name: str, choices: list[Any], input_nodes: Sequence[A
     outcome = lookup_or_decide(plan, state.budget_for(layout.device), state.get_store())
     decision = outcome.decision
     if state.plan_only():
+        for target in families.also_deciding():  # the same plan at other families' sizes
+            with families.retargeting(target):
+                lookup_or_decide(plan_for_selection(name, input_nodes, layout), state.budget_for(layout.device),
+                                 state.get_store())
         return [fallback]  # decided and recorded; nothing is benchmarked
     if decision.tune:
         return choices

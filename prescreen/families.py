@@ -178,26 +178,74 @@ def symbol_range(shape_env: Any, symbol: Any) -> tuple[int | None, int | None]:
 # ---------------------------------------------------------------- names from ``warm``
 
 _names: dict[int, str] = {}
+_point: dict[str, int] = {}  # the sizes being compiled
+_also: list[dict[str, int]] = []  # other sizes this lowering decides too (``warm --plan-only``)
+_dropped: list[dict[str, int]] = []  # of those, the ones a plan could not be carried to
+_remap: dict[int, int] = {}  # while retargeting: a named size of the compiled point -> the target's size
+
+
+class NotRetargetable(Exception):
+    """A plan holds an expression taken at a hint that retargeting would change."""
 
 
 @contextlib.contextmanager
-def naming(sizes: Mapping[str, int]) -> Iterator[None]:
-    """While a ``warm`` compile runs: a symbol whose hint is one shape's size is labelled with its name."""
-    global _names
-    previous = _names
+def naming(sizes: Mapping[str, int], also: list[dict[str, int]] | None = None) -> Iterator[None]:
+    """While a ``warm`` compile runs: a symbol whose hint is one shape's size is labelled with its name; ``also``
+    are the other sizes the guards decide for from this one lowering (see :func:`retargeting`)."""
+    global _names, _point, _also, _dropped
+    previous = _names, _point, _also, _dropped
     by_value: dict[int, list[str]] = {}
     for name, value in sizes.items():
         by_value.setdefault(int(value), []).append(name)
     _names = {value: names[0] for value, names in by_value.items() if len(names) == 1}  # ambiguous: no name
+    _point, _also, _dropped = dict(sizes), list(also or []), []
     try:
         yield
     finally:
-        _names = previous
+        _names, _point, _also, _dropped = previous
 
 
 def name_for(hint: int) -> str | None:
     """The shape name ``warm`` compiled at ``hint``, if exactly one has that size."""
     return _names.get(hint)
+
+
+def current_point() -> dict[str, int]:
+    """The sizes decisions are being made for: the compiled point's, or a retargeting's target."""
+    return dict(_point)
+
+
+def also_deciding() -> list[dict[str, int]]:
+    """The other sizes this lowering decides for (empty outside ``warm --plan-only``), less the dropped ones."""
+    return [t for t in _also if t not in _dropped]
+
+
+def dropped() -> list[dict[str, int]]:
+    """The sizes a plan of this lowering could not be carried to: they need their own lowering."""
+    return list(_dropped)
+
+
+@contextlib.contextmanager
+def retargeting(target: Mapping[str, int]) -> Iterator[None]:
+    """Plans built inside the block take each named size of the compiled point at ``target``'s value, as the
+    same graph lowered at ``target`` would (one lowering decides several families). A plan that cannot
+    (:class:`NotRetargetable`) drops ``target``: it gets its own lowering."""
+    global _remap
+    remap = {value: int(target[name]) for value, name in _names.items() if name in target}
+    dropped_here = _dropped  # naming(target) sets its own list; the compiled point's is this one
+    try:
+        with naming(target):
+            _remap = remap
+            yield
+    except NotRetargetable:
+        dropped_here.append(dict(target))
+    finally:
+        _remap = {}
+
+
+def retarget(hint: int) -> int:
+    """``hint`` as the retargeting's target has it (itself outside :func:`retargeting`)."""
+    return _remap.get(hint, hint)
 
 
 def point_of(bucket: Bucket, index: int = 0) -> int:

@@ -74,6 +74,7 @@ class WarmReport:
     families: int = 0  # shape families the compiled sizes cover (one bucket per shape)
     decided_families: int = 0  # of those, the ones whose compile made at least one decision
     cache_answered: int = 0  # compiles torch's FX/AOTAutograd caches answered (then lowered again to decide)
+    carried: int = 0  # ``--plan-only``: sizes decided from another size's lowering of the same graph
     plan_only: bool = False  # every benchmark skipped: the decisions alone (``--plan-only``)
     #: Why nothing was guarded, and what to change, when a compile saw no autotuned kernel.
     hints: list[str] = dataclasses.field(default_factory=list)
@@ -120,6 +121,7 @@ class WarmReport:
             "families": self.families,
             "decided_families": self.decided_families,
             "cache_answered": self.cache_answered,
+            "carried": self.carried,
             "plan_only": self.plan_only,
             "seconds": round(self.seconds, 3),
             "dry_run": self.dry_run,
@@ -249,45 +251,103 @@ def _torch_caches_bypassed() -> Iterator[None]:
 
 class _Planned(Exception):
     """Raised in place of a ``--plan-only`` compile's code generation: by then the scheduler has made its
-    fusion decisions and lowering its algorithm selections, which is all prescreen decides at compile time."""
+    fusion decisions and lowering its algorithm selections, which is all prescreen decides at compile time.
+    It carries the lowering's ShapeEnv, whose guards say which other sizes the same graph serves."""
+
+    def __init__(self, shape_env: Any = None) -> None:
+        super().__init__("planned")
+        self.shape_env = shape_env
 
 
-def _stopped_by_plan(exc: BaseException | None) -> bool:
-    """Whether ``exc`` is ``_Planned``, however torch wrapped it (``inner_exception``, cause, context)."""
+def _planned(exc: BaseException | None) -> _Planned | None:
+    """``exc`` if it is ``_Planned``, however torch wrapped it (``inner_exception``, cause, context)."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         if isinstance(exc, _Planned):
-            return True
+            return exc
         seen.add(id(exc))
         exc = getattr(exc, "inner_exception", None) or exc.__cause__ or exc.__context__
-    return False
+    return None
 
 
 def _stop_at_codegen(self: Any, *args: Any, **kwargs: Any) -> None:
-    raise _Planned()
+    from torch._inductor.virtualized import V
+
+    raise _Planned(getattr(V.graph.sizevars, "shape_env", None))
+
+
+Signature = list[tuple[str, tuple[int, ...]]]
+
+
+def _signature(model: Any, inputs: tuple[Any, ...]) -> Signature:
+    """Dtype and sizes of every tensor a compile sees: the inputs, then the model's parameters and buffers."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    tensors = [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)]
+    if isinstance(model, torch.nn.Module):
+        tensors += [*model.parameters(), *model.buffers()]
+    return [(str(t.dtype), tuple(t.shape)) for t in tensors]
+
+
+def _serves(shape_env: Any, compiled: Mapping[str, int], signature: Signature, target: Mapping[str, int],
+            target_signature: Signature) -> bool:
+    """Whether the graph lowered at ``compiled`` is the one Dynamo would give ``target``: the same tensors, each
+    size equal or a named size moved to ``target``'s value; each moved size one symbol of the ShapeEnv (not
+    specialized) and in its range; and every guard of the lowering true at ``target``'s sizes."""
+    import sympy
+
+    moved = {v: int(target[n]) for n, v in compiled.items() if n in target and target[n] != v}
+    if shape_env is None or len(signature) != len(target_signature) or len(set(compiled.values())) != len(compiled):
+        return False
+    for (dtype, sizes), (dtype_t, sizes_t) in zip(signature, target_signature):
+        if dtype != dtype_t or len(sizes) != len(sizes_t) or \
+                any(a != b and moved.get(a) != b for a, b in zip(sizes, sizes_t)):
+            return False
+    try:
+        hints = getattr(shape_env, "backed_var_to_val", None) or shape_env.var_to_val  # torch >= 2.12 / 2.11
+        values = {sym: sympy.Integer(int(v)) for sym, v in hints.items()}
+        for old, new in moved.items():
+            symbols = [sym for sym, v in values.items() if v == old]
+            low, high = families.symbol_range(shape_env, symbols[0]) if len(symbols) == 1 else (None, None)
+            if len(symbols) != 1 or (low is not None and new < low) or (high is not None and new > high):
+                return False
+            values[symbols[0]] = sympy.Integer(new)
+        return all(guard.expr.xreplace(values) is sympy.true for guard in shape_env.guards)
+    except Exception:  # a guard this check cannot evaluate: the target is lowered itself
+        return False
 
 
 def _compile_point(fn: Callable[..., Any], sizes: dict[str, int], device: str, mode: str,
-                   plan_only: bool = False) -> None:
+                   plan_only: bool = False, also: list[dict[str, int]] | None = None) -> list[dict[str, int]]:
     """One fresh compile of the target at ``sizes`` (dynamo reset first, so nothing in memory answers); with
-    ``plan_only`` it stops where its kernels would be generated (most of a compile once nothing is benchmarked)."""
+    ``plan_only`` it stops where its kernels would be generated (most of a compile once nothing is benchmarked)
+    and decides for the sizes in ``also`` too: it returns those the same graph serves (``_serves``)."""
     import torch
     from torch._inductor.scheduler import Scheduler
 
     model, inputs = build(fn, sizes, device)
+    signature = _signature(model, inputs) if also else []
     torch._dynamo.reset()
     compiled = torch.compile(model, dynamic=True, mode=mode)
     codegen = Scheduler.codegen
     if plan_only:
         Scheduler.codegen = _stop_at_codegen  # type: ignore[method-assign]
+    carried: list[dict[str, int]] = []
     try:
-        with torch.no_grad(), families.naming(sizes):
-            compiled(*inputs)  # type: ignore[no-untyped-call]
+        with torch.no_grad(), families.naming(sizes, also if plan_only else None):
+            try:
+                compiled(*inputs)  # type: ignore[no-untyped-call]
+            finally:
+                carried = families.also_deciding()
     except Exception as exc:
-        if not (plan_only and _stopped_by_plan(exc)):
+        planned = _planned(exc) if plan_only else None
+        if planned is None:
             raise
+        return [t for t in carried if _serves(planned.shape_env, sizes, signature, t, _signature(*build(fn, t, device)))]
     finally:
         Scheduler.codegen = codegen  # type: ignore[method-assign]
+    return []
 
 
 def warm_model(
@@ -334,10 +394,12 @@ def warm_model(
     report = WarmReport(dry_run=dry_run, store=store.location, plan_only=plan_only,
                         families=families_covered(grid) if shapes else 0)
     settings = {**(inductor_config or {}), **({"force_disable_caches": True} if plan_only else {})}
-    sizes: dict[str, int] = {}  # the point being compiled: the observer reads it
+    sizes: dict[str, int] = {}  # the point being compiled
+    selections_only = [True]  # whether this lowering decided selections alone (the plans retargeting carries)
 
     def observe(outcome: Outcome, plan: KernelPlan) -> None:
-        report.records.append(_record(outcome, plan, sizes))
+        report.records.append(_record(outcome, plan, families.current_point()))
+        selections_only[0] &= plan.kernel_name.startswith("select:")
 
     start = time.perf_counter()
     was_active = activation.is_installed()
@@ -349,12 +411,16 @@ def warm_model(
                 _autotune_output_held(settings, verbose):
             if not verbose:
                 warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.")
-            for i, sizes in enumerate(grid):
+            left = list(grid)
+            while left:
+                sizes = left.pop(0)
                 if progress:
-                    progress(i, len(grid), sizes)
+                    progress(len(grid) - len(left) - 1, len(grid), sizes)
                 seen, hits = len(report.records), _cache_hits()
+                selections_only[0] = True
+                served: list[dict[str, int]] = []
                 try:
-                    _compile_point(fn, sizes, device, mode, plan_only)
+                    served = _compile_point(fn, sizes, device, mode, plan_only, left)
                 except Exception as exc:
                     if _cache_hits() == hits:
                         raise
@@ -367,7 +433,12 @@ def warm_model(
                     report.cache_answered += 1
                     with _torch_caches_bypassed():
                         _compile_point(fn, sizes, device, mode)
-                report.decided_families += len(report.records) > seen
+                served = served if selections_only[0] else []
+                decided_for = [sizes, *served]  # a dropped target's records go: it gets its own lowering
+                report.records[seen:] = [r for r in report.records[seen:] if r.sizes in decided_for]
+                report.decided_families += sum(any(r.sizes == p for r in report.records[seen:]) for p in decided_for)
+                report.carried += len(served)
+                left = [t for t in left if t not in served]
     except ConfigError:
         raise
     except Exception as exc:

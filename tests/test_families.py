@@ -336,3 +336,25 @@ def test_converter_keys_by_bucket_bound_and_takes_a_shrinking_expression_at_the_
         named = _Converter(_SizeVars({"s0": 3000}))
         named.expr(s0)
     assert named.labels == {"s0": "batch in (2048, 4096]"}
+
+
+def test_retargeting_carries_a_plan_to_another_family_or_drops_the_target() -> None:
+    import sympy
+
+    from prescreen.expr import Axis
+    from prescreen.hooks.inductor_select import _Converter
+
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    big, small = {"batch": 6000}, {"batch": 100}
+    with families.naming({"batch": 3000}, also=[big, small]):
+        with families.retargeting(big):
+            assert families.current_point() == big and families.retarget(3000) == 6000
+            conv = _Converter(_SizeVars({"s0": 3000}))
+            assert conv.expr(s0) == Axis("s0") and conv.statics == {"s0": 8192}
+            assert conv.labels == {"s0": "batch in (4096, 8192]"}
+        with families.retargeting(small):  # an expression taken at the hint cannot move: small is dropped
+            _Converter(_SizeVars({"s0": 3000})).expr(5000 - s0)
+            raise AssertionError("not reached")
+        assert families.dropped() == [small] and families.also_deciding() == [big]
+        assert families.current_point() == {"batch": 3000} and families.retarget(3000) == 3000
+    assert families.also_deciding() == [] and families.current_point() == {}

@@ -114,7 +114,7 @@ from torch._dynamo.utils import counters
 from prescreen.store import DiskStore
 from prescreen.target import parse_shape
 from prescreen.warm import warm_model
-report = warm_model("tiny_models:pair_bmm", (parse_shape("batch=4..16"),), DiskStore(sys.argv[1]),
+report = warm_model(sys.argv[4], (parse_shape("batch=4..16"),), DiskStore(sys.argv[1]),
                     device_memory="64GiB", ratio=float(sys.argv[2]), plan_only=sys.argv[3] == "plan")
 out = report.to_json()
 out["benchmarks"] = sum(v for k, v in counters["inductor"].items() if k.startswith("benchmarking."))
@@ -122,11 +122,12 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def warm(tmp_path: Path, ratio: str, how: str = "full") -> dict[str, Any]:
+def warm(tmp_path: Path, ratio: str, how: str = "full", target: str = "tiny_models:pair_bmm") -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PRESCREEN", "TORCHINDUCTOR", "TORCH_COMPILE"))}
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "examples"), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, "-c", WARM, str(tmp_path / "store"), ratio, how], env=env,
+    paths = [str(ROOT / "examples"), str(ROOT / "tests" / "scripts"), os.environ.get("PYTHONPATH")]
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), PYTHONPATH=os.pathsep.join(filter(None, paths)))
+    tmp_path.mkdir(exist_ok=True)
+    proc = subprocess.run([sys.executable, "-c", WARM, str(tmp_path / "store"), ratio, how, target], env=env,
                           capture_output=True, text=True, timeout=900, cwd=tmp_path)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line, proc.stderr[-4000:]
@@ -144,11 +145,24 @@ def test_warm_decides_every_family_with_the_caches_on_and_again_under_another_bu
     assert not other["hints"]
 
 
-def test_plan_only_decides_every_family_and_benchmarks_nothing(tmp_path: Path) -> None:
-    planned = warm(tmp_path, "0.25", "plan")
+def _keys(report: dict[str, Any]) -> set[str]:
+    return {d["key"] for d in report["decisions"]}
+
+
+def test_plan_only_lowers_once_per_graph_and_decides_what_a_full_warm_decides(tmp_path: Path) -> None:
+    planned = warm(tmp_path / "plan", "0.25", "plan")
     assert planned["plan_only"] and planned["decisions_made"] == 3 and planned["tuned"] == 3
+    assert planned["compiles"] == 1 and planned["carried"] == 2 and planned["decided_families"] == 3
     assert planned["benchmarks"] == 0 and planned["cache_answered"] == 0
-    assert not (tmp_path / "inductor" / "cache").exists()  # no timings written
+    assert not (tmp_path / "plan" / "inductor" / "cache").exists()  # no timings written
+    full = warm(tmp_path / "full", "0.25")  # every family lowered and benchmarked: the same decisions
+    assert full["compiles"] == 3 and _keys(full) == _keys(planned)
+    # A guard on the batch (a branch above 8): 4 carries 7, 15 is lowered itself; the same bmm plans.
+    branchy = warm(tmp_path / "branchy", "0.25", "plan", "plan_targets:branchy_bmm")
+    assert branchy["compiles"] == 2 and branchy["carried"] == 1 and _keys(branchy) == _keys(full)
+    # A size that follows the batch without being it: nothing is carried.
+    tied = warm(tmp_path / "tied", "0.25", "plan", "plan_targets:tied_bmm")
+    assert tied["compiles"] == 3 and tied["carried"] == 0 and _keys(tied) == _keys(full)
 
 
 def test_aoti_compile_and_package_is_guarded_with_per_kernel_autotune_arguments(tmp_path: Path,

@@ -222,7 +222,9 @@ def _summary(report: WarmReport) -> Any:
               ("tuned", str(report.tuned)), ("fell back", str(report.fell_back)),
               ("not bounded", str(report.not_bounded)), ("largest", format_bytes(report.largest)),
               ("compiles", str(report.compiles)), ("families", str(report.families)),
-              ("families decided", str(report.decided_families)), ("cache answered", str(report.cache_answered)),
+              ("families decided", str(report.decided_families)),
+              ("from another's lowering", str(report.carried)) if report.plan_only
+              else ("cache answered", str(report.cache_answered)),
               ("time", f"{report.seconds:.1f}s")]
     if display.compact():
         items = [f"{v} {k}" if k not in ("largest", "time") else f"{k} {v}" for k, v in values]
