@@ -280,13 +280,16 @@ Signature = list[tuple[str, tuple[int, ...]]]
 
 
 def _signature(model: Any, inputs: tuple[Any, ...]) -> Signature:
-    """Dtype and sizes of every tensor a compile sees: the inputs, then the model's parameters and buffers."""
+    """Dtype and sizes of every tensor a compile sees: the inputs, then the model's parameters and buffers (or
+    those of the modules a callable wrapper holds)."""
     import torch
     from torch.utils._pytree import tree_leaves
 
     tensors = [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)]
-    if isinstance(model, torch.nn.Module):
-        tensors += [*model.parameters(), *model.buffers()]
+    held = [model] if isinstance(model, torch.nn.Module) else \
+        [v for v in getattr(model, "__dict__", {}).values() if isinstance(v, torch.nn.Module)]  # a wrapper's
+    for module in held:
+        tensors += [*module.parameters(), *module.buffers()]
     return [(str(t.dtype), tuple(t.shape)) for t in tensors]
 
 
