@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import inspect
 import json
 import os
 import platform
@@ -301,7 +302,8 @@ class GuardClock:
 
     def _wrap(self, table: dict[str, float], cpu: dict[str, float], kind: str) -> None:
         cls, attr = _guarded_methods()[kind]
-        setattr(cls, attr, timed(cls.__dict__[attr], table, kind, cpu_seconds=cpu))
+        # getattr_static: a method a base class defines (``lookup`` is PersistentCache's in torch 2.11)
+        setattr(cls, attr, timed(inspect.getattr_static(cls, attr), table, kind, cpu_seconds=cpu))
 
     def below(self) -> None:
         for kind in GUARDED:
@@ -310,7 +312,7 @@ class GuardClock:
     def above(self) -> None:
         """Wrap each of prescreen's wrappers; a method prescreen left alone (no Triton) is not counted."""
         for kind, (cls, attr) in _guarded_methods().items():
-            if any(name.startswith("_prescreen_original") for name in vars(cls.__dict__[attr])):
+            if any(name.startswith("_prescreen_original") for name in vars(inspect.getattr_static(cls, attr))):
                 self._wrap(self.outer, self.outer_cpu, kind)
                 self.wrapped.append(kind)
             else:

@@ -309,9 +309,9 @@ def _serves(shape_env: Any, compiled: Mapping[str, int], signature: Signature, t
             return False
     try:
         hints = getattr(shape_env, "backed_var_to_val", None) or shape_env.var_to_val  # torch >= 2.12 / 2.11
-        values = {sym: sympy.Integer(int(v)) for sym, v in hints.items()}
+        values = {sym: sympy.sympify(v) for sym, v in hints.items()}  # float symbols too (``zf0``: eps, scale)
         for old, new in moved.items():
-            symbols = [sym for sym, v in values.items() if v == old]
+            symbols = [sym for sym, v in values.items() if v.is_Integer and v == old]
             low, high = families.symbol_range(shape_env, symbols[0]) if len(symbols) == 1 else (None, None)
             if len(symbols) != 1 or (low is not None and new < low) or (high is not None and new > high):
                 return False

@@ -160,6 +160,9 @@ def test_plan_only_lowers_once_per_graph_and_decides_what_a_full_warm_decides(tm
     # A guard on the batch (a branch above 8): 4 carries 7, 15 is lowered itself; the same bmm plans.
     branchy = warm(tmp_path / "branchy", "0.25", "plan", "plan_targets:branchy_bmm")
     assert branchy["compiles"] == 2 and branchy["carried"] == 1 and _keys(branchy) == _keys(full)
+    # A layer norm's eps is a float symbol with guards of its own (as in GPT-2): they hold at every batch.
+    normed = warm(tmp_path / "normed", "0.25", "plan", "plan_targets:normed_bmm")
+    assert normed["compiles"] == 1 and normed["carried"] == 2 and _keys(normed) == _keys(full)
     # A size that follows the batch without being it: nothing is carried.
     tied = warm(tmp_path / "tied", "0.25", "plan", "plan_targets:tied_bmm")
     assert tied["compiles"] == 3 and tied["carried"] == 0 and _keys(tied) == _keys(full)

@@ -25,3 +25,19 @@ def tied_bmm(batch: int = 8, device: str = "cpu") -> tuple[nn.Module, tuple[torc
     model, inputs = pair_bmm(batch, device)
     extra = torch.zeros(batch + 1, device=device)
     return (lambda a, b, c: model(a, b) + c.sum()), (*inputs, extra)
+
+
+class Normed(nn.Module):
+    """``PairBmm`` then a layer norm: its ``eps`` becomes a float symbol under ``dynamic=True``, with guards."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(32)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return self.norm(PairBmm()(a, b))
+
+
+def normed_bmm(batch: int = 8, device: str = "cpu") -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    _, inputs = pair_bmm(batch, device)
+    return Normed().to(device).eval(), inputs
