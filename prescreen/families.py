@@ -220,11 +220,6 @@ def also_deciding() -> list[dict[str, int]]:
     return [t for t in _also if t not in _dropped]
 
 
-def dropped() -> list[dict[str, int]]:
-    """The sizes a plan of this lowering could not be carried to: they need their own lowering."""
-    return list(_dropped)
-
-
 @contextlib.contextmanager
 def retargeting(target: Mapping[str, int]) -> Iterator[None]:
     """Plans built inside the block take each named size of the compiled point at ``target``'s value, as the

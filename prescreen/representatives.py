@@ -112,10 +112,6 @@ class Representatives:
         """Every reachable group with its representative, ascending by id (built at each call)."""
         return tuple(map(self.grid.group_at, range(len(self.grid))))
 
-    @property
-    def reachable_group_ids(self) -> tuple[int, ...]:
-        return self.grid.group_ids()
-
 
 def decode_bucket_indices(group_id: int, features: tuple[GroupFeature, ...]) -> tuple[int, ...]:
     """Inverse of the mixed radix: the bucket index of each feature."""

@@ -36,7 +36,7 @@ def axis_values(p: KernelPlan) -> dict[int, dict[str, int]]:
 def test_upstream_one_feature_outer_product() -> None:
     reps = build_representatives(plan([feature("outer", "outer_product", ("x0",), (8,))], ("x0",)))
     assert reps.group_count == 2
-    assert reps.reachable_group_ids == (0, 1)
+    assert reps.grid.group_ids() == (0, 1)
     assert reps.unreachable_group_ids == ()
     assert [g.axis_values for g in reps.groups] == [(("x0", 8),), (("x0", 16),)]
 
@@ -80,7 +80,7 @@ def test_product_open_bucket_over_small_lower_bound() -> None:
 def test_all_static_product_reaches_one_group() -> None:
     p = plan([feature("f", "outer_product", ("x0", "x1"), (8, 32, 64))], ("x0", "x1"), (("x0", 4), ("x1", 5)))
     reps = build_representatives(p)
-    assert reps.reachable_group_ids == (1,)  # 8 < 20 <= 32
+    assert reps.grid.group_ids() == (1,)  # 8 < 20 <= 32
     assert reps.unreachable_group_ids == (0, 2, 3)
     assert reps.groups[0].feature_values == (20,)
     assert dict(reps.groups[0].axis_values) == {"x0": 4, "x1": 5}
@@ -89,7 +89,7 @@ def test_all_static_product_reaches_one_group() -> None:
 @pytest.mark.parametrize(("product", "reachable"), [(8, 0), (9, 1), (32, 1), (33, 2), (1000, 2)])
 def test_all_static_product_boundaries(product: int, reachable: int) -> None:
     p = plan([feature("f", "reduction_product", ("r0",), (8, 32))], ("r0",), (("r0", product),))
-    assert build_representatives(p).reachable_group_ids == (reachable,)
+    assert build_representatives(p).grid.group_ids() == (reachable,)
 
 
 def test_static_feature_with_a_second_feature() -> None:
@@ -100,7 +100,7 @@ def test_static_feature_with_a_second_feature() -> None:
     )
     reps = build_representatives(p)
     # radix 3 then 2: only bucket index 1 of "s" is reachable
-    assert reps.reachable_group_ids == (1, 4)
+    assert reps.grid.group_ids() == (1, 4)
     assert reps.unreachable_group_ids == (0, 2, 3, 5)
 
 
@@ -212,7 +212,7 @@ def test_the_grid_equals_the_plain_per_group_loop(p: KernelPlan) -> None:
         got: object = (exc.reason, str(exc))
     else:
         got = (reps.group_count, tuple(reps.groups), reps.unreachable_group_ids)
-        assert reps.reachable_group_ids == tuple(g.group_id for g in reps.groups)
+        assert reps.grid.group_ids() == tuple(g.group_id for g in reps.groups)
     assert got == expected
 
 
