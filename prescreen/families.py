@@ -142,19 +142,10 @@ def bucket_for(hint: int, scheme: Scheme, lower: int | None = None, upper: int |
 
 def _as_int(value: object) -> int | None:
     """A finite whole number (int or sympy Integer), else None (``int_oo``, ``oo``, anything else)."""
-    if isinstance(value, bool):
-        return None
     if isinstance(value, int):
-        return value
-    if getattr(value, "is_Integer", False) is True:
-        numerator = getattr(value, "p", None)  # a sympy Integer's own int: no printing
-        if type(numerator) is int:
-            return numerator
-        try:
-            return int(str(value))
-        except (TypeError, ValueError, AttributeError, OverflowError):
-            return None
-    return None
+        return None if isinstance(value, bool) else value
+    numerator = getattr(value, "p", None) if getattr(value, "is_Integer", False) is True else None
+    return numerator if type(numerator) is int else None  # a sympy Integer's own int: no printing
 
 
 def symbol_range(shape_env: Any, symbol: Any) -> tuple[int | None, int | None]:

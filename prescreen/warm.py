@@ -109,27 +109,12 @@ class WarmReport:
         return list(seen.values())
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "kernels": self.kernels,
-            "decisions_made": len(self.unique()),
-            "lookups": len(self.records),
-            "tuned": self.tuned,
-            "fell_back": self.fell_back,
-            "not_bounded": self.not_bounded,
-            "largest_estimated_bytes": self.largest,
-            "compiles": self.compiles,
-            "families": self.families,
-            "decided_families": self.decided_families,
-            "cache_answered": self.cache_answered,
-            "carried": self.carried,
-            "plan_only": self.plan_only,
-            "seconds": round(self.seconds, 3),
-            "dry_run": self.dry_run,
-            "store": self.store,
-            "hints": list(self.hints),
-            "artifact": dataclasses.asdict(self.artifact) if self.artifact else None,
-            "decisions": [dataclasses.asdict(r) for r in self.unique()],
-        }
+        fields = dataclasses.asdict(self)
+        del fields["records"]
+        return {"kernels": self.kernels, "decisions_made": len(self.unique()), "lookups": len(self.records),
+                "tuned": self.tuned, "fell_back": self.fell_back, "not_bounded": self.not_bounded,
+                "largest_estimated_bytes": self.largest, **fields, "seconds": round(self.seconds, 3),
+                "decisions": [dataclasses.asdict(r) for r in self.unique()]}
 
 
 def kernel_site(plan: KernelPlan) -> str:

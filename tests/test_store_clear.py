@@ -11,7 +11,8 @@ from test_store_support import make_entry, make_plan
 from prescreen.budget import Budget
 from prescreen.errors import ConfigError
 from prescreen.service import lookup_or_decide
-from prescreen.store import DiskStore, build_predicate, match_device, match_kernel, match_key_prefix, parse_duration
+from prescreen.store import DiskStore
+from prescreen.store.clear import build_predicate, match_device, match_kernel, match_key_prefix, parse_duration
 from prescreen.store.entry import Entry
 
 NOW = 1_800_000_000.0

@@ -14,17 +14,7 @@ from typing import TYPE_CHECKING
 from prescreen.errors import ConfigError
 from prescreen.store.base import NullStore, Store, StoreStats
 from prescreen.store.bundle import export_bundle, import_bundle
-from prescreen.store.clear import (
-    Predicate,
-    build_predicate,
-    match_all,
-    match_device,
-    match_kernel,
-    match_key_prefix,
-    match_older_than,
-    parse_duration,
-    verify_entry,
-)
+from prescreen.store.clear import verify_entry  # the predicates to select entries are in prescreen.store.clear
 from prescreen.store.disk import DiskStore
 from prescreen.store.entry import Entry, InvalidEntry
 from prescreen.store.tiered import TieredStore
@@ -58,22 +48,14 @@ __all__ = [
     "Entry",
     "InvalidEntry",
     "NullStore",
-    "Predicate",
     "RedisStore",
     "Store",
     "StoreStats",
     "TieredStore",
-    "build_predicate",
     "default_cache_dir",
     "export_bundle",
     "import_bundle",
-    "match_all",
-    "match_device",
-    "match_kernel",
-    "match_key_prefix",
-    "match_older_than",
     "open_store",
-    "parse_duration",
     "resolve_size_limit",
     "verify_entry",
 ]

@@ -78,20 +78,9 @@ class Entry:
         return dataclasses.replace(self, hits=hits)
 
     def to_payload(self) -> dict[str, object]:
-        return {
-            "schema_version": self.schema_version,
-            "key": self.key,
-            "parts": self.parts.to_payload(),
-            "kernel": self.kernel,
-            "plan": self.plan_text,
-            "dynamic": self.dynamic,
-            "family": self.family,
-            "decision": self.decision.to_payload(),
-            "created_at": self.created_at,
-            "host": self.host,
-            "pid": self.pid,
-            "hits": self.hits,
-        }
+        payload = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        payload.update(plan=payload.pop("plan_text"), parts=self.parts.to_payload(), decision=self.decision.to_payload())
+        return payload
 
     def signed_payload(self, signer: Signer | None) -> dict[str, object]:
         """``to_payload``, with a signature when ``signer`` is given."""
