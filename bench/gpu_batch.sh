@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The GPU figures bench/RESULTS.md still waits for, as device commands that each fit 600 s.
+#   bash bench/gpu_batch.sh cov    # hook share, 17 cases: two halves side by side, each cold then warm store
+#   bash bench/gpu_batch.sh plan   # plan-only vs full warm, GPT-2 over 13 families; then the mega-cache probe
+# Needs the prescreen, diskcache and redis wheels under .whl/ (see the device README); writes to $OUT.
+set -uo pipefail
+[[ ${1:-} == cov || ${1:-} == plan ]] || { echo "usage: bash bench/gpu_batch.sh cov|plan" >&2; exit 2; }
+OUT=${OUT:-$(mktemp -d)}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || exit 1
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+case "$1" in
+  cov)
+    half() {  # $1: name, $2: cases; a cold store, then the same store in a fresh process
+      export PRESCREEN_CACHE_DIR=/tmp/store-$1
+      python3 -P bench/gpu_coverage.py --cases "$2" --json "$OUT/$1-cold.json" > "$OUT/$1-cold.txt" 2>&1
+      python3 -P bench/gpu_coverage.py --cases "$2" --json "$OUT/$1-warm.json" > "$OUT/$1-warm.txt" 2>&1
+    }
+    half a mm,mm_transposed,bmm,addmm_bias,mm_epilogue,mlp,transformer_block,conv1d,pointwise_mutated_headroom &
+    half b conv2d,conv2d_channels_last,conv3d,int_mm,scaled_mm_fp8,flex_attention,pointwise_mutated,reduction_mutated
+    wait ;;
+  plan)
+    timeout 480 python3 -P bench/bench_plan_only.py --target gpu_deploy:gpt2 --device cuda --shape batch=1..4096 \
+      --device-memory 24GiB --full-timeout 360 2>&1 | tee "$OUT/plan_only.txt"
+    timeout 100 python3 -P bench/gpu_megacache_probe.py 2>&1 | tee "$OUT/megacache_probe.txt" ;;
+esac
