@@ -109,7 +109,7 @@ class WarmReport:
         return list(seen.values())
 
     def to_json(self) -> dict[str, Any]:
-        fields = dataclasses.asdict(self)
+        fields = dataclasses.asdict(dataclasses.replace(self, records=[]))  # the records go as "decisions", once
         del fields["records"]
         return {"kernels": self.kernels, "decisions_made": len(self.unique()), "lookups": len(self.records),
                 "tuned": self.tuned, "fell_back": self.fell_back, "not_bounded": self.not_bounded,
