@@ -261,6 +261,39 @@ def _wrap_coordesc(original: Callable[..., Any]) -> Callable[..., Any]:
     return guarded_coordesc
 
 
+def _wrap_recheck(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A kernel torch's FX graph cache hands back rereads its best config in ``recheck_autotune_cache``;
+    torch 2.11's keeps that config's coordinate-descent mark only for kernels of several configs whose winner
+    needs a new compile, so a replica that loaded the artifact descends again. Apply torch 2.13's rule (the
+    cached winner, marked found by coordinate descent, is the only launcher) after upstream's own."""
+
+    @functools.wraps(original)
+    def recheck(self: Any, reload_kernel_from_src: Callable[[], Any]) -> None:
+        configs = [result.config for result in self.compile_results]
+        original(self, reload_kernel_from_src)
+        try:
+            from torch._inductor.runtime.runtime_utils import triton_config_to_hashable as hashable
+            from torch._inductor.runtime.triton_heuristics import check_autotune_cache
+
+            cached, _cache, _info = check_autotune_cache(configs, self.filename, self.inductor_meta)
+            best = cached[0] if len(cached) == 1 else None
+            if not getattr(best, "found_by_coordesc", False):
+                return
+            same = [r for r in self.compile_results if hashable(r.config) == hashable(best)]
+            if same:
+                same[0].config.found_by_coordesc = True
+                self.compile_results = same[:1]
+            else:
+                if self.fn.fn is None:
+                    self.fn = reload_kernel_from_src().fn
+                self.compile_results = [self._precompile_config(best)]
+        except Exception as exc:  # upstream's answer stands
+            state.log_once(f"recheck-error:{type(exc).__name__}", logging.WARNING,
+                           "prescreen: could not reread a cached coordinate-descent config (%r)", exc)
+
+    return recheck
+
+
 def patch() -> bool:
     """Install the runtime guards on ``CachingAutotuner``; True if runtime autotuning is guarded.
 
@@ -277,6 +310,8 @@ def patch() -> bool:
     if ok:
         patch_attr(CachingAutotuner, "coordinate_descent_tuning", ("self", "launcher", "args", "kwargs"),
                    _wrap_coordesc, "coordinate-descent")
+        patch_attr(CachingAutotuner, "recheck_autotune_cache", ("self", "reload_kernel_from_src"), _wrap_recheck,
+                   "cached coordinate-descent config")
     return ok
 
 
@@ -285,4 +320,4 @@ def unpatch() -> None:
     module = sys.modules.get("torch._inductor.runtime.triton_heuristics")
     if module is not None:
         unpatch_attr(module.CachingAutotuner, "benchmark_all_configs", "autotune_to_one_config",
-                     "coordinate_descent_tuning")
+                     "coordinate_descent_tuning", "recheck_autotune_cache")

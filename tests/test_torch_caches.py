@@ -214,3 +214,86 @@ def test_a_best_config_key_holds_the_users_tag_alone(tmp_path: Path) -> None:
         assert AutotuneCache._prepare_key("/x/abc.py") == plain
         assert torch.compiler.config.cache_key_tag.endswith(ours)  # given back after the key is made
     assert AutotuneCache._prepare_key("/x/abc.py") == plain
+
+
+class _Config:
+    """A Triton config as the autotune cache reads and writes it (there is no Triton on a CPU machine)."""
+
+    def __init__(self, kwargs: dict[str, int], num_warps: int = 4, num_stages: int = 1, **_: Any) -> None:
+        self.kwargs, self.num_warps, self.num_stages = dict(kwargs), num_warps, num_stages
+        self.found_by_coordesc = False
+
+
+class _Result:
+    def __init__(self, config: _Config) -> None:
+        self.config = config
+
+
+class _Static:
+    """What ``recheck_autotune_cache`` sees of a kernel torch's FX graph cache handed back."""
+
+    def __init__(self, filename: str, configs: list[_Config]) -> None:
+        from types import SimpleNamespace
+
+        self.filename, self.fn = filename, SimpleNamespace(fn=object())
+        self.inductor_meta = {"coordinate_descent_tuning": True, "autotune_local_cache": True}
+        self.compile_results = [_Result(c) for c in configs]
+        self.compiled: list[_Config] = []
+
+    def is_statically_launchable(self) -> bool:
+        return True
+
+    def _precompile_config(self, config: _Config) -> _Result:
+        self.compiled.append(config)
+        return _Result(config)
+
+
+def _recheck_torch_2_11(self: Any, reload_kernel_from_src: Any) -> None:
+    """torch 2.11's rule: only a kernel of several configs takes the cached winner, and unmarked when it
+    was one of them."""
+    from torch._inductor.runtime.triton_heuristics import check_autotune_cache, triton_config_to_hashable
+
+    configs = [r.config for r in self.compile_results]
+    cached, _cache, self.autotune_cache_info = check_autotune_cache(configs, self.filename, self.inductor_meta)
+    if len(cached) == 1 and len(configs) > 1:
+        same = [r for r in self.compile_results
+                if triton_config_to_hashable(r.config) == triton_config_to_hashable(cached[0])]
+        if same:
+            self.compile_results = same
+        elif cached[0].found_by_coordesc:
+            self.compile_results = [self._precompile_config(cached[0])]
+
+
+@pytest.mark.parametrize(("configs", "best"), [(1, 0), (1, None), (3, 1), (3, None)])
+def test_a_kernel_from_the_fx_cache_keeps_its_coordinate_descent_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, configs: int, best: int | None
+) -> None:
+    """On a replica, a kernel the FX cache hands back must launch the config coordinate descent saved for it,
+    marked found, or it descends (benchmarks) again: torch 2.13 does this, torch 2.11 does not (9 coordinate
+    descent benchmarks on an H100 replica); with prescreen installed both do, and 2.13 is left as it is."""
+    from torch._inductor.runtime import autotune_cache
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner, hash_configs
+
+    from prescreen.hooks import triton_autotune
+
+    monkeypatch.setattr(autotune_cache, "Config", _Config)
+    candidates = [_Config({"XBLOCK": 2 ** (6 + i)}) for i in range(configs)]
+    winner = candidates[best] if best is not None else _Config({"XBLOCK": 32}, num_warps=2)
+    filename = str(tmp_path / "ab" / "cabc.py")
+    saved = autotune_cache.AutotuneCache.create(_Static(filename, []).inductor_meta, filename,
+                                                hash_configs(candidates))
+    assert saved is not None
+    saved.save(winner, 0, found_by_coordesc=True)
+
+    def rechecked(recheck: Any) -> tuple[list[tuple[Any, bool]], int]:
+        kernel = _Static(filename, [_Config(c.kwargs) for c in candidates])
+        recheck(kernel, lambda: kernel)
+        return [(r.config.kwargs, r.config.found_by_coordesc) for r in kernel.compile_results], len(kernel.compiled)
+
+    expected = [(winner.kwargs, True)]
+    assert rechecked(CachingAutotuner.recheck_autotune_cache) == (expected, int(best is None))
+    assert rechecked(triton_autotune._wrap_recheck(CachingAutotuner.recheck_autotune_cache)) == \
+        (expected, int(best is None))
+    # 2.11 keeps the result only where the winner needed a compile; elsewhere it would descend again
+    assert (rechecked(_recheck_torch_2_11)[0] == expected) is (configs > 1 and best is None)
+    assert rechecked(triton_autotune._wrap_recheck(_recheck_torch_2_11)) == (expected, int(best is None))
