@@ -101,20 +101,12 @@ class GroupFeature:
         buckets = tuple(_int(b, f"{where}.buckets[]") for b in _seq(m.get("buckets"), f"{where}.buckets"))
         if any(later <= earlier for earlier, later in zip(buckets, buckets[1:])):
             raise _bad(f"{where}.buckets must be strictly ascending, got {list(buckets)}")
-        return GroupFeature(
-            name=_str(m.get("name"), f"{where}.name"),
-            source=source,  # type: ignore[arg-type]
-            axis_names=tuple(_str(a, f"{where}.axis_names[]") for a in _seq(m.get("axis_names"), f"{where}.axis_names")),
-            buckets=buckets,
-        )
+        axes = tuple(_str(a, f"{where}.axis_names[]") for a in _seq(m.get("axis_names"), f"{where}.axis_names"))
+        return GroupFeature(_str(m.get("name"), f"{where}.name"), source, axes, buckets)  # type: ignore[arg-type]
 
     def to_payload(self) -> dict[str, object]:
-        return {
-            "name": self.name,
-            "source": self.source,
-            "axis_names": list(self.axis_names),
-            "buckets": list(self.buckets),
-        }
+        return {"name": self.name, "source": self.source, "axis_names": list(self.axis_names),
+                "buckets": list(self.buckets)}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -131,15 +123,9 @@ class TensorArg:
     kind = "tensor"
 
     def to_payload(self) -> dict[str, object]:
-        return {
-            "kind": "tensor",
-            "source": self.source,
-            "name": self.name,
-            "dtype": self.dtype,
-            "device": self.device,
-            "size_exprs": [expr_to_payload(e) for e in self.size],
-            "stride_exprs": [expr_to_payload(e) for e in self.stride],
-        }
+        return {"kind": "tensor", "source": self.source, "name": self.name, "dtype": self.dtype, "device": self.device,
+                "size_exprs": [expr_to_payload(e) for e in self.size],
+                "stride_exprs": [expr_to_payload(e) for e in self.stride]}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -155,15 +141,8 @@ class WorkspaceArg:
     kind = "workspace"
 
     def to_payload(self) -> dict[str, object]:
-        return {
-            "kind": "workspace",
-            "source": "workspace",
-            "name": self.name,
-            "count_expr": expr_to_payload(self.count),
-            "dtype": self.dtype,
-            "device": self.device,
-            "zero_mode": self.zero_mode,
-        }
+        return {"kind": "workspace", "source": "workspace", "name": self.name, "count_expr": expr_to_payload(self.count),
+                "dtype": self.dtype, "device": self.device, "zero_mode": self.zero_mode}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -208,22 +187,11 @@ def arg_from_payload(payload: object, where: str) -> ArgSpec:
     if kind == "tensor" and source in ("buffer", "constant"):
         size = tuple(expr_from_payload(e) for e in _seq(m.get("size_exprs"), f"{where}.size_exprs"))
         stride = tuple(expr_from_payload(e) for e in _seq(m.get("stride_exprs"), f"{where}.stride_exprs"))
-        return TensorArg(
-            name=name,
-            source=source,
-            size=size,
-            stride=stride,
-            dtype=_dtype_name(m.get("dtype"), f"{where}.dtype"),
-            device=str(m.get("device", "")),
-        )
+        return TensorArg(name, source, size, stride, _dtype_name(m.get("dtype"), f"{where}.dtype"),
+                         str(m.get("device", "")))
     if kind == "workspace" and source == "workspace":
-        return WorkspaceArg(
-            name=name,
-            count=expr_from_payload(m.get("count_expr")),
-            dtype=_dtype_name(m.get("dtype"), f"{where}.dtype"),
-            device=str(m.get("device", "")),
-            zero_mode=str(m.get("zero_mode", "NONE")),
-        )
+        return WorkspaceArg(name, expr_from_payload(m.get("count_expr")), _dtype_name(m.get("dtype"), f"{where}.dtype"),
+                            str(m.get("device", "")), str(m.get("zero_mode", "NONE")))
     if kind == "size" and source == "runtime_arg":
         return SizeArg(name=name, source="runtime_arg", index=_int(m.get("index"), f"{where}.index"))
     if kind == "size" and source == "axis_expr":
