@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU figures bench/RESULTS.md still waits for, as device commands that each fit 600 s.
 #   bash bench/gpu_batch.sh cov    # hook share, 17 cases: two halves side by side, each cold then warm store
-#   bash bench/gpu_batch.sh plan   # plan-only vs full warm, GPT-2 over 13 families; then the mega-cache probe
+#   bash bench/gpu_batch.sh plan   # side by side on 8 cores each: the deploy flow (warm --artifact, replica,
+#                                  # cold) and plan-only vs a full warm of GPT-2 over 13 families
 # Needs the prescreen, diskcache and redis wheels under .whl/ (see the device README); writes to $OUT.
 set -uo pipefail
 [[ ${1:-} == cov || ${1:-} == plan ]] || { echo "usage: bash bench/gpu_batch.sh cov|plan" >&2; exit 2; }
@@ -21,7 +22,10 @@ case "$1" in
     half b conv2d,conv2d_channels_last,conv3d,int_mm,scaled_mm_fp8,flex_attention,pointwise_mutated,reduction_mutated
     wait ;;
   plan)
-    timeout 480 python3 -P bench/bench_plan_only.py --target gpu_deploy:gpt2 --device cuda --shape batch=1..4096 \
-      --device-memory 24GiB --full-timeout 360 2>&1 | tee "$OUT/plan_only.txt"
-    timeout 100 python3 -P bench/gpu_megacache_probe.py 2>&1 | tee "$OUT/megacache_probe.txt" ;;
+    timeout 560 taskset -c 0-7 python3 -P bench/gpu_deploy.py --steps warm,replica,cold --out "$OUT/deploy.md" \
+      > "$OUT/deploy.log" 2>&1 &
+    timeout 560 taskset -c 8-15 python3 -P bench/bench_plan_only.py --target gpu_deploy:gpt2 --device cuda \
+      --shape batch=1..4096 --device-memory 24GiB --full-timeout 440 > "$OUT/plan_only.txt" 2>&1
+    wait
+    grep -v '^STEP' "$OUT/deploy.log" | tail -12; tail -8 "$OUT/plan_only.txt" ;;
 esac
