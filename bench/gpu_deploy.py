@@ -39,7 +39,8 @@ PRESCREEN_S: dict[str, float] = {}  # seconds inside prescreen's plan building a
 CALLS: dict[str, int] = {}
 DECIDE_CALLS: dict[str, int] = {}  # the runtime guard's decisions: by call chain, kernel, autotuner, result
 MODE = "max-autotune-no-cudagraphs"
-BATCHES = (4, 8, 16)  # one per family of batch=4..16 under the default power-of-two buckets
+#: One per family of batch=4..16 under the default power-of-two buckets ($DEPLOY_BATCHES: fewer, on a short lease).
+BATCHES = tuple(int(b) for b in os.environ.get("DEPLOY_BATCHES", "4,8,16").split(","))
 DEVICE = os.environ.get("DEPLOY_DEVICE", "cuda")  # cpu: a dry run of the flow (nothing autotunes)
 SEQ = 128
 
