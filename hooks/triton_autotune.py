@@ -272,6 +272,11 @@ def _wrap_recheck(original: Callable[..., Any]) -> Callable[..., Any]:
         configs = [result.config for result in self.compile_results]
         original(self, reload_kernel_from_src)
         try:
+            if (not self.inductor_meta.get("coordinate_descent_tuning")
+                    or getattr(self, "autotune_cache_info", {}).get("autotune_cache_state") != "hit"
+                    or (len(self.compile_results) == 1
+                        and getattr(self.compile_results[0].config, "found_by_coordesc", False))):
+                return  # no descent, nothing cached, or upstream launches the marked winner: no second read
             from torch._inductor.runtime.runtime_utils import triton_config_to_hashable as hashable
             from torch._inductor.runtime.triton_heuristics import check_autotune_cache
 
