@@ -37,6 +37,8 @@ BY_CALLER: dict[str, int] = {}  # a replica's benchmarks by the Inductor step th
 STACKS: dict[str, int] = {}  # the call chains of a replica's compile-time ("autotune") benchmarks
 PRESCREEN_S: dict[str, float] = {}  # seconds inside prescreen's plan building and lookups, by hook
 CALLS: dict[str, int] = {}
+DESCENTS: list[dict[str, Any]] = []  # each kernel a replica tunes by coordinate descent, and why it did
+RECHECKS: dict[str, int] = {}  # kernels the FX cache handed back, by their autotune-cache state after recheck
 DECIDE_CALLS: dict[str, int] = {}  # the runtime guard's decisions: by call chain, kernel, autotuner, result
 MODE = "max-autotune-no-cudagraphs"
 #: One per family of batch=4..16 under the default power-of-two buckets ($DEPLOY_BATCHES: fewer, on a short lease).
@@ -142,6 +144,37 @@ def _time_prescreen() -> None:
     triton_autotune._decide = traced_decide
 
 
+def _trace_descents() -> None:
+    """Say which kernels a replica still tunes by coordinate descent, and what their autotune cache held."""
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    rechecked: set[int] = set()
+    recheck, descend = CachingAutotuner.recheck_autotune_cache, CachingAutotuner.coordinate_descent_tuning
+
+    def traced_recheck(self: Any, *args: Any, **kwargs: Any) -> Any:
+        rechecked.add(id(self))
+        before = self.filename
+        out = recheck(self, *args, **kwargs)
+        info = getattr(self, "autotune_cache_info", {})
+        marked = all(getattr(r.config, "found_by_coordesc", False) for r in self.compile_results)
+        what = f"{info.get('autotune_cache_state')}, {'marked' if marked else 'unmarked'}" + \
+            (", relocated" if self.filename != before else "")
+        RECHECKS[what] = RECHECKS.get(what, 0) + 1
+        return out
+
+    def traced_descend(self: Any, launcher: Any, *args: Any, **kwargs: Any) -> Any:
+        DESCENTS.append({
+            "kernel": self.inductor_meta.get("kernel_name"), "heuristic": str(self.heuristic_type),
+            "configs": len(self.configs), "compile_results": len(self.compile_results),
+            "rechecked": id(self) in rechecked, "info": getattr(self, "autotune_cache_info", None),
+            "filename": self.filename, "dir_exists": os.path.isdir(os.path.dirname(self.filename)),
+            "config": str(launcher.config)})
+        return descend(self, launcher, *args, **kwargs)
+
+    CachingAutotuner.recheck_autotune_cache = traced_recheck
+    CachingAutotuner.coordinate_descent_tuning = traced_descend
+
+
 def _compile_all() -> None:
     """A replica: compile each family once with the hooks on; print counters and outputs' digests."""
     import torch
@@ -157,6 +190,7 @@ def _compile_all() -> None:
         prescreen.load(load)
     prescreen.install()
     _time_prescreen()
+    _trace_descents()
     digests = []
     start = time.perf_counter()
     for batch in BATCHES:
@@ -176,7 +210,7 @@ def _compile_all() -> None:
         "best_configs": len(list(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).rglob("*.best_config"))),
         "fx_hit": ind["fxgraph_cache_hit"], "digests": digests, "tag": torch.compiler.config.cache_key_tag,
         "prescreen_s": PRESCREEN_S, "calls": CALLS, "stacks": STACKS,
-        "decide_calls": DECIDE_CALLS,
+        "decide_calls": DECIDE_CALLS, "descents": DESCENTS, "rechecks": RECHECKS,
     }), flush=True)
 
 
@@ -238,6 +272,8 @@ def main() -> None:
             warm = _warm(root, "warm", "--artifact", str(artifact))
             warm["best_configs"] = len(list((root / "warm" / "inductor").rglob("*.best_config")))
             results["warm"] = step("warm", warm)
+            # a replica is another machine: the kernels the FX cache pickled name this directory
+            (root / "warm" / "inductor").rename(root / "warm" / "inductor-on-the-warm-machine")
         if "replica" in steps:
             results["replica"] = step("replica", _replica(root, "replica", DEPLOY_LOAD=str(artifact)))
         if "cold" in steps:
@@ -278,6 +314,11 @@ def main() -> None:
                         f"{results['plan']['seconds'] / results['warm']['seconds']:.3f}")
         if "replica" in results and "cold" in results:
             rows.append(f"replica + load / cold compile: {results['replica']['seconds'] / results['cold']['seconds']:.3f}")
+        for key in ("replica", "small"):
+            if key in results:
+                r = results[key]
+                rows.append(f"{key}: FX-cache kernels rechecked {r['rechecks']}; coordinate descents "
+                            f"{[(d['kernel'], d['rechecked'], (d['info'] or {}).get('autotune_cache_state')) for d in r['descents']]}")
         if artifact.exists():
             rows.append(f"artifact {artifact.stat().st_size / 2**20:.1f} MiB")
         text = "\n".join(rows)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import sys
 import threading
 import weakref
@@ -261,15 +262,38 @@ def _wrap_coordesc(original: Callable[..., Any]) -> Callable[..., Any]:
     return guarded_coordesc
 
 
+def _relocate(autotuner: Any) -> None:
+    """A kernel the FX cache hands back was pickled where it was compiled: its source path, where torch reads
+    and saves its best config, names that machine's cache directory. Point both at this process's, where the
+    artifact's best configs were loaded and this process's compile workers look."""
+    from torch._inductor.codecache import get_path
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
+
+    here = get_path(os.path.splitext(os.path.basename(autotuner.filename))[0], "py")[2]
+    if here == autotuner.filename:
+        return
+    autotuner.filename = here
+    cache = getattr(getattr(autotuner, "save_cache_hook", None), "__self__", None)
+    if isinstance(cache, AutotuneCache):
+        autotuner.save_cache_hook = (AutotuneCache.create(autotuner.inductor_meta, here, cache.configs_hash)
+                                     or cache).save
+
+
 def _wrap_recheck(original: Callable[..., Any]) -> Callable[..., Any]:
-    """A kernel torch's FX graph cache hands back rereads its best config in ``recheck_autotune_cache``;
-    torch 2.11's keeps that config's coordinate-descent mark only for kernels of several configs whose winner
-    needs a new compile, so a replica that loaded the artifact descends again. Apply torch 2.13's rule (the
-    cached winner, marked found by coordinate descent, is the only launcher) after upstream's own."""
+    """A kernel torch's FX graph cache hands back rereads its best config in ``recheck_autotune_cache``:
+    from this process's cache directory (``_relocate``), and, since torch 2.11 keeps that config's
+    coordinate-descent mark only for kernels of several configs whose winner needs a new compile, with torch
+    2.13's rule (the cached winner, marked found by coordinate descent, is the only launcher) after upstream's
+    own. Either miss makes a replica that loaded the artifact descend (benchmark) again."""
 
     @functools.wraps(original)
     def recheck(self: Any, reload_kernel_from_src: Callable[[], Any]) -> None:
         configs = [result.config for result in self.compile_results]
+        try:
+            _relocate(self)
+        except Exception as exc:  # upstream reads where the kernel was compiled
+            state.log_once(f"relocate-error:{type(exc).__name__}", logging.WARNING,
+                           "prescreen: could not point a cached kernel at this cache directory (%r)", exc)
         original(self, reload_kernel_from_src)
         try:
             if (not self.inductor_meta.get("coordinate_descent_tuning")

@@ -239,6 +239,11 @@ class _Static:
         self.inductor_meta = {"coordinate_descent_tuning": True, "autotune_local_cache": True}
         self.compile_results = [_Result(c) for c in configs]
         self.compiled: list[_Config] = []
+        from torch._inductor.runtime.autotune_cache import AutotuneCache
+        from torch._inductor.runtime.triton_heuristics import hash_configs
+
+        cache = AutotuneCache.create(self.inductor_meta, filename, hash_configs(configs))
+        self.save_cache_hook = cache.save if cache else None
 
     def is_statically_launchable(self) -> bool:
         return True
@@ -264,36 +269,44 @@ def _recheck_torch_2_11(self: Any, reload_kernel_from_src: Any) -> None:
             self.compile_results = [self._precompile_config(cached[0])]
 
 
+@pytest.mark.parametrize("elsewhere", [False, True], ids=["same-dir", "compiled-elsewhere"])
 @pytest.mark.parametrize(("configs", "best"), [(1, 0), (1, None), (3, 1), (3, None)])
 def test_a_kernel_from_the_fx_cache_keeps_its_coordinate_descent_result(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, configs: int, best: int | None
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, configs: int, best: int | None, elsewhere: bool
 ) -> None:
     """On a replica, a kernel the FX cache hands back must launch the config coordinate descent saved for it,
     marked found, or it descends (benchmarks) again: torch 2.13 does this, torch 2.11 does not (9 coordinate
-    descent benchmarks on an H100 replica); with prescreen installed both do, and 2.13 is left as it is."""
+    descent benchmarks on an H100 replica); with prescreen installed both do, and 2.13 is left as it is.
+    ``compiled-elsewhere``: the kernel was pickled on the warm machine, so its path names that machine's cache
+    directory, while the artifact put its best config in this one's; upstream alone misses it there."""
     from torch._inductor.runtime import autotune_cache
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner, hash_configs
 
     from prescreen.hooks import triton_autotune
 
     monkeypatch.setattr(autotune_cache, "Config", _Config)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "here"))
     candidates = [_Config({"XBLOCK": 2 ** (6 + i)}) for i in range(configs)]
     winner = candidates[best] if best is not None else _Config({"XBLOCK": 32}, num_warps=2)
-    filename = str(tmp_path / "ab" / "cabc.py")
+    filename = str(tmp_path / "here" / "ab" / "cabc.py")
     saved = autotune_cache.AutotuneCache.create(_Static(filename, []).inductor_meta, filename,
                                                 hash_configs(candidates))
     assert saved is not None
     saved.save(winner, 0, found_by_coordesc=True)
+    pickled_at = str(tmp_path / "warm-machine" / "ab" / "cabc.py") if elsewhere else filename
 
     def rechecked(recheck: Any) -> tuple[list[tuple[Any, bool]], int]:
-        kernel = _Static(filename, [_Config(c.kwargs) for c in candidates])
+        kernel = _Static(pickled_at, [_Config(c.kwargs) for c in candidates])
         recheck(kernel, lambda: kernel)
+        if recheck.__name__ == "recheck":  # prescreen's: a later descent saves here too, not on the warm machine
+            kernel.save_cache_hook(winner, 0, found_by_coordesc=True)
         return [(r.config.kwargs, r.config.found_by_coordesc) for r in kernel.compile_results], len(kernel.compiled)
 
     expected = [(winner.kwargs, True)]
-    assert rechecked(CachingAutotuner.recheck_autotune_cache) == (expected, int(best is None))
+    assert (rechecked(CachingAutotuner.recheck_autotune_cache) == (expected, int(best is None))) is not elsewhere
     assert rechecked(triton_autotune._wrap_recheck(CachingAutotuner.recheck_autotune_cache)) == \
         (expected, int(best is None))
     # 2.11 keeps the result only where the winner needed a compile; elsewhere it would descend again
-    assert (rechecked(_recheck_torch_2_11)[0] == expected) is (configs > 1 and best is None)
+    assert (rechecked(_recheck_torch_2_11)[0] == expected) is (configs > 1 and best is None and not elsewhere)
     assert rechecked(triton_autotune._wrap_recheck(_recheck_torch_2_11)) == (expected, int(best is None))
+    assert not (tmp_path / "warm-machine").exists()
