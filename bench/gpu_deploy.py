@@ -163,11 +163,13 @@ def _trace_descents() -> None:
         return out
 
     def traced_descend(self: Any, launcher: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(self.heuristic_type).endswith(("TEMPLATE", "USER_AUTOTUNE", "FIXED")):
+            return descend(self, launcher, *args, **kwargs)  # upstream returns these at once
         DESCENTS.append({
             "kernel": self.inductor_meta.get("kernel_name"), "heuristic": str(self.heuristic_type),
-            "configs": len(self.configs), "compile_results": len(self.compile_results),
+            "configs": len(self.configs or ()), "compile_results": len(self.compile_results or ()),
             "rechecked": id(self) in rechecked, "info": getattr(self, "autotune_cache_info", None),
-            "filename": self.filename, "dir_exists": os.path.isdir(os.path.dirname(self.filename)),
+            "filename": self.filename, "dir_exists": os.path.isdir(os.path.dirname(self.filename or "")),
             "config": str(launcher.config)})
         return descend(self, launcher, *args, **kwargs)
 

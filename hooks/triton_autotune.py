@@ -182,15 +182,21 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_one_config(original: Callable[..., Any]) -> Callable[..., Any]:
     """``autotune_to_one_config`` saves its winner as the kernel's best config, keyed by the kernel's source
     alone: a fallback saved there would run unbenchmarked in every later process, whatever its budget. While
-    the step runs, the save hook drops the save where the step fell back."""
+    the step runs, the save hook drops the save where the step fell back. A winner coordinate descent already
+    marked found (its config object is shared with the kernel's other instances in this process, which then
+    skip descent) is saved marked: upstream saves it unmarked, so a replica would descend again."""
 
     @functools.wraps(original)
     def guarded_autotune_to_one_config(self: Any, *args: Any, **kwargs: Any) -> Any:
         _step.fallen = None
         hook = getattr(self, "save_cache_hook", None)
         if hook:
-            def save_unless_fallen_back(*a: Any, **k: Any) -> Any:
-                return None if _fallen_back(self) else hook(*a, **k)
+            def save_unless_fallen_back(config: Any, *a: Any, **k: Any) -> Any:
+                if _fallen_back(self):
+                    return None
+                if getattr(config, "found_by_coordesc", False):  # see the docstring
+                    k["found_by_coordesc"] = True
+                return hook(config, *a, **k)
 
             self.save_cache_hook = save_unless_fallen_back
         try:

@@ -310,3 +310,32 @@ def test_a_kernel_from_the_fx_cache_keeps_its_coordinate_descent_result(
     assert (rechecked(_recheck_torch_2_11)[0] == expected) is (configs > 1 and best is None and not elsewhere)
     assert rechecked(triton_autotune._wrap_recheck(_recheck_torch_2_11)) == (expected, int(best is None))
     assert not (tmp_path / "warm-machine").exists()
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_a_winner_coordinate_descent_already_marked_is_saved_marked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, guarded: bool
+) -> None:
+    """Coordinate descent that finds nothing better marks the config it started from, in place; an instance of
+    the kernel sharing that config object then autotunes to it and skips descent, but upstream saves it
+    unmarked, so a replica reading the best config descends again. With the guards it is saved marked."""
+    from torch._inductor.runtime import autotune_cache
+    from torch._inductor.runtime.triton_heuristics import hash_configs
+
+    from prescreen.hooks import triton_autotune
+
+    monkeypatch.setattr(autotune_cache, "Config", _Config)
+    candidates = [_Config({"XBLOCK": 2 ** (6 + i)}) for i in range(3)]
+    candidates[1].found_by_coordesc = True
+    filename = str(tmp_path / "ab" / "cabc.py")
+    kernel = _Static(filename, candidates)
+
+    def autotune_to_one_config(self: Any) -> None:  # upstream's save, after the benchmark picked candidates[1]
+        self.save_cache_hook(candidates[1], 0, triton_cache_hash=None)
+
+    (triton_autotune._wrap_one_config(autotune_to_one_config) if guarded else autotune_to_one_config)(kernel)
+    cache = autotune_cache.AutotuneCache.create(kernel.inductor_meta, filename, hash_configs(candidates))
+    assert cache is not None
+    best = cache.read_best(kernel.inductor_meta, [_Config(c.kwargs) for c in candidates])
+    assert best is not None and best.kwargs == candidates[1].kwargs
+    assert best.found_by_coordesc is guarded
