@@ -268,63 +268,64 @@ def _wrap_coordesc(original: Callable[..., Any]) -> Callable[..., Any]:
     return guarded_coordesc
 
 
+def _quietly(what: str, step: Callable[..., None], *args: Any) -> None:
+    try:
+        step(*args)
+    except Exception as exc:  # upstream's answer stands
+        state.log_once(f"{what}:{type(exc).__name__}", logging.WARNING, "prescreen: could not %s (%r)", what, exc)
+
+
 def _relocate(autotuner: Any) -> None:
-    """A kernel the FX cache hands back was pickled where it was compiled: its source path, where torch reads
-    and saves its best config, names that machine's cache directory. Point both at this process's, where the
-    artifact's best configs were loaded and this process's compile workers look."""
+    """A kernel the FX cache hands back names the cache directory it was compiled in, where torch reads and
+    saves its best config: on a replica, the warm machine's. Point both at this process's."""
     from torch._inductor.codecache import get_path
     from torch._inductor.runtime.autotune_cache import AutotuneCache
 
     here = get_path(os.path.splitext(os.path.basename(autotuner.filename))[0], "py")[2]
-    if here == autotuner.filename:
-        return
-    autotuner.filename = here
     cache = getattr(getattr(autotuner, "save_cache_hook", None), "__self__", None)
-    if isinstance(cache, AutotuneCache):
+    if here != autotuner.filename and isinstance(cache, AutotuneCache):
         autotuner.save_cache_hook = (AutotuneCache.create(autotuner.inductor_meta, here, cache.configs_hash)
                                      or cache).save
+    autotuner.filename = here
+
+
+def _launch_marked_winner(autotuner: Any, configs: list[Any], reload_kernel_from_src: Callable[[], Any]) -> None:
+    """torch 2.11 keeps a cached winner's coordinate-descent mark only for kernels of several configs whose
+    winner needs a new compile: apply torch 2.13's rule (the marked winner is the only launcher)."""
+    from torch._inductor.runtime.runtime_utils import triton_config_to_hashable as hashable
+    from torch._inductor.runtime.triton_heuristics import check_autotune_cache
+
+    results = autotuner.compile_results
+    if (not autotuner.inductor_meta.get("coordinate_descent_tuning")
+            or getattr(autotuner, "autotune_cache_info", {}).get("autotune_cache_state") != "hit"
+            or (len(results) == 1 and getattr(results[0].config, "found_by_coordesc", False))):
+        return  # no descent, nothing cached, or upstream launches the marked winner: no second read
+    cached = check_autotune_cache(configs, autotuner.filename, autotuner.inductor_meta)[0]
+    best = cached[0] if len(cached) == 1 else None
+    if not getattr(best, "found_by_coordesc", False):
+        return
+    same = [r for r in results if hashable(r.config) == hashable(best)]
+    if same:
+        same[0].config.found_by_coordesc = True
+        autotuner.compile_results = same[:1]
+        return
+    if autotuner.fn.fn is None:
+        autotuner.fn = reload_kernel_from_src().fn
+    autotuner.compile_results = [autotuner._precompile_config(best)]
 
 
 def _wrap_recheck(original: Callable[..., Any]) -> Callable[..., Any]:
-    """A kernel torch's FX graph cache hands back rereads its best config in ``recheck_autotune_cache``:
-    from this process's cache directory (``_relocate``), and, since torch 2.11 keeps that config's
-    coordinate-descent mark only for kernels of several configs whose winner needs a new compile, with torch
-    2.13's rule (the cached winner, marked found by coordinate descent, is the only launcher) after upstream's
-    own. Either miss makes a replica that loaded the artifact descend (benchmark) again."""
+    """A kernel torch's FX graph cache hands back rereads its best config in ``recheck_autotune_cache``; where
+    that read misses (``_relocate``) or drops the winner's mark (``_launch_marked_winner``), a replica that
+    loaded the artifact descends (benchmarks) again."""
 
     @functools.wraps(original)
     def recheck(self: Any, reload_kernel_from_src: Callable[[], Any]) -> None:
         configs = [result.config for result in self.compile_results]
-        try:
-            _relocate(self)
-        except Exception as exc:  # upstream reads where the kernel was compiled
-            state.log_once(f"relocate-error:{type(exc).__name__}", logging.WARNING,
-                           "prescreen: could not point a cached kernel at this cache directory (%r)", exc)
+        _quietly("point a cached kernel at this cache directory", _relocate, self)
         original(self, reload_kernel_from_src)
-        try:
-            if (not self.inductor_meta.get("coordinate_descent_tuning")
-                    or getattr(self, "autotune_cache_info", {}).get("autotune_cache_state") != "hit"
-                    or (len(self.compile_results) == 1
-                        and getattr(self.compile_results[0].config, "found_by_coordesc", False))):
-                return  # no descent, nothing cached, or upstream launches the marked winner: no second read
-            from torch._inductor.runtime.runtime_utils import triton_config_to_hashable as hashable
-            from torch._inductor.runtime.triton_heuristics import check_autotune_cache
-
-            cached, _cache, _info = check_autotune_cache(configs, self.filename, self.inductor_meta)
-            best = cached[0] if len(cached) == 1 else None
-            if not getattr(best, "found_by_coordesc", False):
-                return
-            same = [r for r in self.compile_results if hashable(r.config) == hashable(best)]
-            if same:
-                same[0].config.found_by_coordesc = True
-                self.compile_results = same[:1]
-            else:
-                if self.fn.fn is None:
-                    self.fn = reload_kernel_from_src().fn
-                self.compile_results = [self._precompile_config(best)]
-        except Exception as exc:  # upstream's answer stands
-            state.log_once(f"recheck-error:{type(exc).__name__}", logging.WARNING,
-                           "prescreen: could not reread a cached coordinate-descent config (%r)", exc)
+        _quietly("reread a cached coordinate-descent config", _launch_marked_winner, self, configs,
+                 reload_kernel_from_src)
 
     return recheck
 
