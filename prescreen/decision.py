@@ -146,42 +146,23 @@ def _from_footprint(plan: KernelPlan, budget: Budget, fp: Footprint) -> Decision
             f"estimated_bytes={fp.total_bytes} budget_bytes={budget.budget_bytes} ratio={budget.ratio} "
             f"largest_group_id={fp.largest_group_id} dominant=({dominant})"
         )
-    return Decision(
-        action="tune" if fits else "fallback",
-        bounded=True,
-        enable_auto_blockify=(not fits) and plan.is_dynamic,
-        estimated_bytes=fp.total_bytes,
-        synthetic_bytes=fp.synthetic_bytes,
-        mutated_clone_bytes=fp.mutated_clone_bytes,
-        budget_bytes=budget.budget_bytes,
-        total_memory=budget.total_memory,
-        ratio=budget.ratio,
-        device_kind=budget.device_kind,
-        reason=reason,
-        largest_group_id=fp.largest_group_id,
-        dominant_arg=fp.dominant_arg,
-        group_bytes=fp.group_bytes,
-    )
+    return Decision(action="tune" if fits else "fallback", bounded=True,
+                    enable_auto_blockify=(not fits) and plan.is_dynamic, estimated_bytes=fp.total_bytes,
+                    synthetic_bytes=fp.synthetic_bytes, mutated_clone_bytes=fp.mutated_clone_bytes, reason=reason,
+                    largest_group_id=fp.largest_group_id, dominant_arg=fp.dominant_arg, group_bytes=fp.group_bytes,
+                    **_budget_fields(budget))
+
+
+def _budget_fields(budget: Budget) -> dict[str, Any]:
+    return {"budget_bytes": budget.budget_bytes, "total_memory": budget.total_memory, "ratio": budget.ratio,
+            "device_kind": budget.device_kind}
 
 
 def not_bounded_decision(plan: KernelPlan, budget: Budget, exc: NotBounded) -> Decision:
     """The fail-closed fallback for a plan whose footprint cannot be bounded."""
-    return Decision(
-        action="fallback",
-        bounded=False,
-        enable_auto_blockify=plan.is_dynamic,
-        estimated_bytes=None,
-        synthetic_bytes=None,
-        mutated_clone_bytes=None,
-        budget_bytes=budget.budget_bytes,
-        total_memory=budget.total_memory,
-        ratio=budget.ratio,
-        device_kind=budget.device_kind,
-        reason=f"{_subject(plan)} is not bounded: {exc}",
-        largest_group_id=None,
-        dominant_arg=None,
-        group_bytes=(),
-    )
+    return Decision(action="fallback", bounded=False, enable_auto_blockify=plan.is_dynamic, estimated_bytes=None,
+                    synthetic_bytes=None, mutated_clone_bytes=None, reason=f"{_subject(plan)} is not bounded: {exc}",
+                    largest_group_id=None, dominant_arg=None, group_bytes=(), **_budget_fields(budget))
 
 
 def decide_with_representatives(plan: KernelPlan, budget: Budget) -> tuple[Decision, Representatives | None]:

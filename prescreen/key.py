@@ -79,14 +79,7 @@ def plan_hashes(plan: KernelPlan) -> tuple[str, str]:
 def build_key(plan: KernelPlan, budget: Budget) -> tuple[str, KeyParts]:
     """The store key for deciding ``plan`` under ``budget``, and its parts."""
     plan_hash, fam_hash = plan_hashes(plan)
-    parts = KeyParts(
-        plan_hash=plan_hash,
-        family_hash=fam_hash,
-        device_kind=budget.device_kind,
-        total_memory=budget.total_memory,
-        ratio=budget.ratio,
-        schema_version=SCHEMA_VERSION,
-        estimator_version=ESTIMATOR_VERSION,
-        versions=library_versions(),
-    )
+    parts = KeyParts(plan_hash=plan_hash, family_hash=fam_hash, device_kind=budget.device_kind,
+                     total_memory=budget.total_memory, ratio=budget.ratio, schema_version=SCHEMA_VERSION,
+                     estimator_version=ESTIMATOR_VERSION, versions=library_versions())
     return parts.digest(), parts

@@ -109,16 +109,9 @@ class DiskStore(Store):
         self._open()
 
     def _new_cache(self) -> BoundedOpenCache:
-        return BoundedOpenCache(
-            str(self.directory),
-            timeout=self.timeout,
-            disk=TextDisk,
-            size_limit=self.size_limit,
-            eviction_policy="least-recently-stored",
-            disk_min_file_size=self.min_file_size,
-            statistics=0,
-            sqlite_mmap_size=SQLITE_MMAP_SIZE,
-        )
+        return BoundedOpenCache(str(self.directory), timeout=self.timeout, disk=TextDisk, size_limit=self.size_limit,
+                                eviction_policy="least-recently-stored", disk_min_file_size=self.min_file_size,
+                                statistics=0, sqlite_mmap_size=SQLITE_MMAP_SIZE)
 
     def _open(self) -> None:
         """Open read-write; else recover a corrupt file, serve a read-only one, or stay closed for a while."""
