@@ -279,19 +279,22 @@ def _signature(model: Any, inputs: tuple[Any, ...]) -> Signature:
 
 
 def _serves(shape_env: Any, compiled: Mapping[str, int], signature: Signature, target: Mapping[str, int],
-            target_signature: Signature) -> bool:
-    """Whether the graph lowered at ``compiled`` is the one Dynamo would give ``target``: the same tensors, each
-    size equal or a named size moved to ``target``'s value; each moved size one symbol of the ShapeEnv (not
-    specialized) and in its range; and every guard of the lowering true at ``target``'s sizes."""
+            signature_at: Callable[[dict[str, int]], Signature]) -> bool:
+    """Whether the graph lowered at ``compiled`` is the one Dynamo would give ``target``: each moved size one
+    unspecialized symbol in its range, every guard true at ``target``'s sizes, then (a model build, so last) the
+    same tensors, each size equal or a named size moved to ``target``'s value."""
+    moved = {v: int(target[n]) for n, v in compiled.items() if n in target and target[n] != v}
+    if shape_env is None or len(set(compiled.values())) != len(compiled) or not _guards_hold(shape_env, moved):
+        return False
+    built = signature_at(dict(target))
+    return len(signature) == len(built) and all(
+        dtype == dtype_t and len(sizes) == len(sizes_t) and all(a == b or moved.get(a) == b for a, b in zip(sizes, sizes_t))
+        for (dtype, sizes), (dtype_t, sizes_t) in zip(signature, built))
+
+
+def _guards_hold(shape_env: Any, moved: Mapping[int, int]) -> bool:
     import sympy
 
-    moved = {v: int(target[n]) for n, v in compiled.items() if n in target and target[n] != v}
-    if shape_env is None or len(signature) != len(target_signature) or len(set(compiled.values())) != len(compiled):
-        return False
-    for (dtype, sizes), (dtype_t, sizes_t) in zip(signature, target_signature):
-        if dtype != dtype_t or len(sizes) != len(sizes_t) or \
-                any(a != b and moved.get(a) != b for a, b in zip(sizes, sizes_t)):
-            return False
     try:
         hints = getattr(shape_env, "backed_var_to_val", None) or shape_env.var_to_val  # torch >= 2.12 / 2.11
         values = {sym: sympy.sympify(v) for sym, v in hints.items()}  # float symbols too (``zf0``: eps, scale)
@@ -332,7 +335,8 @@ def _compile_point(fn: Callable[..., Any], sizes: dict[str, int], device: str, m
         planned = _planned(exc) if plan_only else None
         if planned is None:
             raise
-        return [t for t in carried if _serves(planned.shape_env, sizes, signature, t, _signature(*build(fn, t, device)))]
+        return [t for t in carried
+                if _serves(planned.shape_env, sizes, signature, t, lambda t: _signature(*build(fn, t, device)))]
     finally:
         Scheduler.codegen = codegen  # type: ignore[method-assign]
     return []
