@@ -281,6 +281,8 @@ def _relocate(autotuner: Any) -> None:
     from torch._inductor.codecache import get_path
     from torch._inductor.runtime.autotune_cache import AutotuneCache
 
+    if not isinstance(autotuner.filename, str):
+        return  # a template: no best-config file
     here = get_path(os.path.splitext(os.path.basename(autotuner.filename))[0], "py")[2]
     cache = getattr(getattr(autotuner, "save_cache_hook", None), "__self__", None)
     if here != autotuner.filename and isinstance(cache, AutotuneCache):
@@ -307,11 +309,9 @@ def _launch_marked_winner(autotuner: Any, configs: list[Any], reload_kernel_from
     same = [r for r in results if hashable(r.config) == hashable(best)]
     if same:
         same[0].config.found_by_coordesc = True
-        autotuner.compile_results = same[:1]
-        return
-    if autotuner.fn.fn is None:
+    elif autotuner.fn.fn is None:  # the winner needs a compile
         autotuner.fn = reload_kernel_from_src().fn
-    autotuner.compile_results = [autotuner._precompile_config(best)]
+    autotuner.compile_results = same[:1] or [autotuner._precompile_config(best)]
 
 
 def _wrap_recheck(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -8,6 +8,7 @@ The model (``examples/tiny_models.py:pair_bmm``) is a bmm Inductor autotunes on 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -339,3 +340,19 @@ def test_a_winner_coordinate_descent_already_marked_is_saved_marked(
     best = cache.read_best(kernel.inductor_meta, [_Config(c.kwargs) for c in candidates])
     assert best is not None and best.kwargs == candidates[1].kwargs
     assert best.found_by_coordesc is guarded
+
+
+def test_a_cached_kernel_without_a_source_file_is_rechecked_quietly(caplog: pytest.LogCaptureFixture) -> None:
+    """A Triton template the FX cache hands back has no source file (``filename`` None), so no best config:
+    the recheck leaves it to upstream and says nothing."""
+    from types import SimpleNamespace
+
+    from prescreen.hooks import triton_autotune
+
+    kernel = SimpleNamespace(filename=None, inductor_meta={"coordinate_descent_tuning": True},
+                             compile_results=[_Result(_Config({"XBLOCK": 64}))])
+    seen: list[Any] = []
+    with caplog.at_level(logging.DEBUG, logger="prescreen"):
+        triton_autotune._wrap_recheck(lambda self, reload: seen.append(self.filename))(kernel, lambda: kernel)
+    assert seen == [None] and kernel.filename is None
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
