@@ -151,21 +151,24 @@ def _keys(report: dict[str, Any]) -> set[str]:
 
 
 def test_plan_only_lowers_once_per_graph_and_decides_what_a_full_warm_decides(tmp_path: Path) -> None:
-    planned = warm(tmp_path / "plan", "0.25", "plan")
+    from concurrent.futures import ThreadPoolExecutor
+
+    runs = {"plan": ("plan", "tiny_models:pair_bmm"), "full": ("full", "tiny_models:pair_bmm"),
+            "branchy": ("plan", "plan_targets:branchy_bmm"), "normed": ("plan", "plan_targets:normed_bmm"),
+            "tied": ("plan", "plan_targets:tied_bmm")}
+    with ThreadPoolExecutor(2) as pool:  # independent processes and directories, two at a time
+        done = dict(zip(runs, pool.map(lambda n: warm(tmp_path / n, "0.25", *runs[n]), runs)))
+    planned, full, branchy, normed, tied = (done[n] for n in runs)
     assert planned["plan_only"] and planned["decisions_made"] == 3 and planned["tuned"] == 3
     assert planned["compiles"] == 1 and planned["carried"] == 2 and planned["decided_families"] == 3
     assert planned["benchmarks"] == 0 and planned["cache_answered"] == 0
     assert not (tmp_path / "plan" / "inductor" / "cache").exists()  # no timings written
-    full = warm(tmp_path / "full", "0.25")  # every family lowered and benchmarked: the same decisions
-    assert full["compiles"] == 3 and _keys(full) == _keys(planned)
+    assert full["compiles"] == 3 and _keys(full) == _keys(planned)  # every family lowered and benchmarked
     # A guard on the batch (a branch above 8): 4 carries 7, 15 is lowered itself; the same bmm plans.
-    branchy = warm(tmp_path / "branchy", "0.25", "plan", "plan_targets:branchy_bmm")
     assert branchy["compiles"] == 2 and branchy["carried"] == 1 and _keys(branchy) == _keys(full)
     # A layer norm's eps is a float symbol with guards of its own (as in GPT-2): they hold at every batch.
-    normed = warm(tmp_path / "normed", "0.25", "plan", "plan_targets:normed_bmm")
     assert normed["compiles"] == 1 and normed["carried"] == 2 and _keys(normed) == _keys(full)
     # A size that follows the batch without being it: nothing is carried.
-    tied = warm(tmp_path / "tied", "0.25", "plan", "plan_targets:tied_bmm")
     assert tied["compiles"] == 3 and tied["carried"] == 0 and _keys(tied) == _keys(full)
 
 
