@@ -183,8 +183,8 @@ def _wrap_one_config(original: Callable[..., Any]) -> Callable[..., Any]:
     """``autotune_to_one_config`` saves its winner as the kernel's best config, keyed by the kernel's source
     alone: a fallback saved there would run unbenchmarked in every later process, whatever its budget. While
     the step runs, the save hook drops the save where the step fell back. A winner coordinate descent already
-    marked found (its config object is shared with the kernel's other instances in this process, which then
-    skip descent) is saved marked: upstream saves it unmarked, so a replica would descend again."""
+    marked found (a descent that beats nothing marks its start config in place; a later autotune over those
+    configs that picks it skips descent) is saved marked: upstream saves it unmarked, and a replica descends."""
 
     @functools.wraps(original)
     def guarded_autotune_to_one_config(self: Any, *args: Any, **kwargs: Any) -> Any:
