@@ -198,7 +198,7 @@ def test_exclusive_lock_times_out_with_a_clear_error(tmp_path: Path) -> None:
 def test_writer_lock_held_by_another_process(tmp_path: Path, caplog) -> None:
     directory = tmp_path / "cache"
     fill(directory, range(3))
-    store = DiskStore(directory, cooldown=0)
+    store = DiskStore(directory, cooldown=0, write_wait=0.5)  # each skipped write waits this long
     holder = sqlite3.connect(directory / "cache.db", isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")
     try:
