@@ -148,6 +148,8 @@ def _trace_descents() -> None:
     """Say which kernels a replica still tunes by coordinate descent, and what their autotune cache held."""
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
+    from prescreen.hooks import triton_autotune
+
     rechecked: set[int] = set()
     recheck, descend = CachingAutotuner.recheck_autotune_cache, CachingAutotuner.coordinate_descent_tuning
 
@@ -163,7 +165,7 @@ def _trace_descents() -> None:
         return out
 
     def traced_descend(self: Any, launcher: Any, *args: Any, **kwargs: Any) -> Any:
-        if str(self.heuristic_type).endswith(("TEMPLATE", "USER_AUTOTUNE", "FIXED")):
+        if not triton_autotune._upstream_descends(self):
             return descend(self, launcher, *args, **kwargs)  # upstream returns these at once
         DESCENTS.append({
             "kernel": self.inductor_meta.get("kernel_name"), "heuristic": str(self.heuristic_type),

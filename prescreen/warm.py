@@ -336,7 +336,7 @@ def _compile_point(fn: Callable[..., Any], sizes: dict[str, int], device: str, m
         if planned is None:
             raise
         return [t for t in carried
-                if _serves(planned.shape_env, sizes, signature, t, lambda t: _signature(*build(fn, t, device)))]
+                if _serves(planned.shape_env, sizes, signature, t, lambda at: _signature(*build(fn, at, device)))]
     finally:
         Scheduler.codegen = codegen  # type: ignore[method-assign]
     return []

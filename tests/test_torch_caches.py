@@ -299,20 +299,19 @@ def test_a_kernel_from_the_fx_cache_keeps_its_coordinate_descent_result(
     saved.save(winner, 0, found_by_coordesc=True)
     pickled_at = str(tmp_path / "warm-machine" / "ab" / "cabc.py") if elsewhere else filename
 
-    def rechecked(recheck: Any) -> tuple[list[tuple[Any, bool]], int]:
+    def rechecked(recheck: Any, guarded: bool = False) -> tuple[list[tuple[Any, bool]], int]:
         kernel = _Static(pickled_at, [_Config(c.kwargs) for c in candidates])
-        recheck(kernel, lambda: kernel)
-        if recheck.__name__ == "recheck":  # prescreen's: a later descent saves here too, not on the warm machine
+        (triton_autotune._wrap_recheck(recheck) if guarded else recheck)(kernel, lambda: kernel)
+        if guarded:  # a later descent saves here too, not on the warm machine
             kernel.save_cache_hook(winner, 0, found_by_coordesc=True)
         return [(r.config.kwargs, r.config.found_by_coordesc) for r in kernel.compile_results], len(kernel.compiled)
 
     expected = [(winner.kwargs, True)]
     assert (rechecked(CachingAutotuner.recheck_autotune_cache) == (expected, int(best is None))) is not elsewhere
-    assert rechecked(triton_autotune._wrap_recheck(CachingAutotuner.recheck_autotune_cache)) == \
-        (expected, int(best is None))
+    assert rechecked(CachingAutotuner.recheck_autotune_cache, guarded=True) == (expected, int(best is None))
     # 2.11 keeps the result only where the winner needed a compile; elsewhere it would descend again
     assert (rechecked(_recheck_torch_2_11)[0] == expected) is (configs > 1 and best is None and not elsewhere)
-    assert rechecked(triton_autotune._wrap_recheck(_recheck_torch_2_11)) == (expected, int(best is None))
+    assert rechecked(_recheck_torch_2_11, guarded=True) == (expected, int(best is None))
     assert not (tmp_path / "warm-machine").exists()
 
 
@@ -320,9 +319,9 @@ def test_a_kernel_from_the_fx_cache_keeps_its_coordinate_descent_result(
 def test_a_winner_coordinate_descent_already_marked_is_saved_marked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, guarded: bool
 ) -> None:
-    """Coordinate descent that finds nothing better marks the config it started from, in place; an instance of
-    the kernel sharing that config object then autotunes to it and skips descent, but upstream saves it
-    unmarked, so a replica reading the best config descends again. With the guards it is saved marked."""
+    """Coordinate descent that finds nothing better marks the config it started from, in place; a later
+    autotune over those configs that picks it skips descent, but upstream saves it unmarked, so a replica
+    reading the best config descends again. With the guards it is saved marked."""
     from torch._inductor.runtime import autotune_cache
     from torch._inductor.runtime.triton_heuristics import hash_configs
 
