@@ -3,9 +3,11 @@
 #   bash bench/gpu_batch.sh cov    # hook share, 17 cases: two halves side by side, each cold then warm store
 #   bash bench/gpu_batch.sh plan   # side by side on 8 cores each: the deploy flow (warm --artifact, replica,
 #                                  # cold) and plan-only vs a full warm of GPT-2 over 13 families
+#   bash bench/gpu_batch.sh profile  # the deploy flow beside cProfile runs (read them with pstats): a plan-only
+#                                    # warm of GPT-2, then the five smallest coverage cases, cold then warm store
 # Needs the prescreen, diskcache and redis wheels under .whl/ (see the device README); writes to $OUT.
 set -uo pipefail
-[[ ${1:-} == cov || ${1:-} == plan ]] || { echo "usage: bash bench/gpu_batch.sh cov|plan" >&2; exit 2; }
+[[ ${1:-} =~ ^(cov|plan|profile)$ ]] || { echo "usage: bash bench/gpu_batch.sh cov|plan|profile" >&2; exit 2; }
 OUT=${OUT:-$(mktemp -d)}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || exit 1
@@ -28,4 +30,22 @@ case "$1" in
       --shape batch=1..4096 --device-memory 24GiB --full-timeout ${FULL_LIMIT:-360} > "$OUT/plan_only.txt" 2>&1
     wait
     grep -v '^STEP' "$OUT/deploy.log" | tail -12; tail -8 "$OUT/plan_only.txt" ;;
+  profile)
+    timeout ${DEPLOY_LIMIT:-300} taskset -c 0-7 python3 -P bench/gpu_deploy.py --steps ${DEPLOY_STEPS:-warm,replica} \
+      --out "$OUT/deploy.md" > "$OUT/deploy.log" 2>&1 &
+    export PYTHONPATH=/tmp/site:bench:examples TORCHINDUCTOR_CACHE_DIR=/tmp/plan-inductor PRESCREEN_CACHE_DIR=/tmp/plan-store
+    { /usr/bin/time -f "import torch+transformers+prescreen: %e s" python3 -P -c \
+        "import torch, transformers, prescreen.cli, prescreen.hooks.activation"; } > "$OUT/profile.txt" 2>&1
+    taskset -c 8-15 python3 -P -c "import cProfile, sys; sys.argv = ['prescreen'] + sys.argv[1:]; from prescreen.cli import main
+cProfile.run('main()', '$OUT/plan.prof')" warm gpu_deploy:gpt2 --device cuda --shape batch=1..4096 \
+      --device-memory 24GiB --plan-only >> "$OUT/profile.txt" 2>&1
+    unset TORCHINDUCTOR_CACHE_DIR
+    export PYTHONPATH=/tmp/site PRESCREEN_CACHE_DIR=/tmp/cov-store
+    small=pointwise_mutated_headroom,conv1d,conv2d,conv2d_channels_last,mm_epilogue
+    for store in cold warm; do
+      taskset -c 8-15 python3 -P -m cProfile -o "$OUT/cov-$store.prof" bench/gpu_coverage.py --cases $small \
+        >> "$OUT/profile.txt" 2>&1
+    done
+    wait
+    grep -v '^STEP' "$OUT/deploy.log" | tail -12; grep -E "ROW|import|plan only|lowering" "$OUT/profile.txt" | cut -c1-400 ;;
 esac

@@ -57,7 +57,8 @@ def _peak_headroom() -> int | None:
     try:
         if torch.accelerator.current_accelerator() is None:
             return None
-        return int(torch.accelerator.max_memory_allocated()) - int(torch.accelerator.memory_allocated())
+        stats = torch.accelerator.memory_stats()  # what both of upstream's calls read, gathered once
+        return int(stats.get("allocated_bytes.all.peak", 0)) - int(stats.get("allocated_bytes.all.current", 0))
     except (RuntimeError, AttributeError):
         return None
 
@@ -109,12 +110,20 @@ def plan_for_autotuner(autotuner: Any, args: tuple[Any, ...], kwargs: dict[str, 
                       kernel_name=f"autotune:{kernel}")
 
 
-#: ``fallen``: the id of the autotuner whose runtime step on this thread took its first config unbenchmarked.
+#: ``fallen``: the id of the autotuner whose runtime step on this thread took its first config unbenchmarked;
+#: ``tuned``: (id, decision) of the one whose runtime step decided to tune, for its coordinate descent next.
 _step = threading.local()
 
 
 def _fallen_back(autotuner: Any) -> bool:
     return getattr(_step, "fallen", None) == id(autotuner)
+
+
+def _tuned_just_now(autotuner: Any) -> tuple[KernelPlan, Any, Outcome] | None:
+    """The decision this autotuner's runtime step took a moment ago on this thread, taken once: its coordinate
+    descent follows in the same call on the same arguments, so the plan and key are the same."""
+    tuned, _step.tuned = getattr(_step, "tuned", None), None
+    return tuned[1] if tuned is not None and tuned[0] == id(autotuner) else None
 
 
 def _first_config(autotuner: Any) -> dict[Any, float]:
@@ -160,6 +169,7 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
                     return _first_config(self)
                 if state.plan_only():
                     return _first_config(self)  # decided and recorded; nothing is benchmarked
+                _step.tuned = (id(self), decided)
         except Exception as exc:  # never break a compile
             state.log_once(f"autotune-error:{type(exc).__name__}", logging.WARNING,
                            "prescreen: runtime-autotune guard failed (%r); benchmarking as upstream would", exc)
@@ -188,7 +198,7 @@ def _wrap_one_config(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def guarded_autotune_to_one_config(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _step.fallen = None
+        _step.fallen = _step.tuned = None
         hook = getattr(self, "save_cache_hook", None)
         if hook:
             def save_unless_fallen_back(config: Any, *a: Any, **k: Any) -> Any:
@@ -240,7 +250,7 @@ def _wrap_coordesc(original: Callable[..., Any]) -> Callable[..., Any]:
             if _fallen_back(self):
                 _coordesc_skipped.add(self)
                 return launcher
-            decided = _decide(self, args, kwargs)
+            decided = _tuned_just_now(self) or _decide(self, args, kwargs)
             if decided is not None and (not decided[2].decision.tune or state.plan_only()):
                 plan, _device, outcome = decided
                 _coordesc_skipped.add(self)

@@ -8,6 +8,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -396,6 +397,38 @@ def test_a_runtime_fallback_is_never_saved_nor_tuned_by_coordinate_descent(
         assert tuner.coordinate_descent_tuning(best, *_args()) is best and tuned == descended
 
 
+def test_coordinate_descent_after_a_tuned_runtime_step_takes_its_decision(gpu_like: DiskStore) -> None:
+    """Upstream descends right after the runtime step, on the same arguments: the plan and key are the same,
+    so the step's decision is taken, once; another kernel's descent, or a later one, looks up for itself."""
+    from prescreen import service
+    from prescreen.hooks import triton_autotune
+
+    class Tuner(FakeAutotuner):
+        benchmark_all_configs = triton_autotune._wrap(FakeAutotuner.benchmark_all_configs)
+
+        @triton_autotune._wrap_one_config
+        def autotune_to_one_config(self, *args: Any, **kwargs: Any) -> Any:
+            timings = self.benchmark_all_configs(*args, **kwargs)
+            return min(timings, key=timings.get)
+
+        @triton_autotune._wrap_coordesc
+        def coordinate_descent_tuning(self, launcher: Any, *args: Any, **kwargs: Any) -> Any:
+            return _Launcher(9)
+
+    def lookups(step: Callable[[], Any]) -> int:
+        before = service.COUNTERS.lookups
+        step()
+        return service.COUNTERS.lookups - before
+
+    tuner, other = Tuner(raise_oom=False), Tuner(raise_oom=False)
+    best = tuner.autotune_to_one_config(*_args())
+    assert lookups(lambda: other.coordinate_descent_tuning(best, *_args())) == 1  # not another kernel's
+    assert lookups(lambda: tuner.coordinate_descent_tuning(best, *_args())) == 1  # cleared by the other's
+    best = tuner.autotune_to_one_config(*_args())
+    assert lookups(lambda: tuner.coordinate_descent_tuning(best, *_args())) == 0
+    assert lookups(lambda: tuner.coordinate_descent_tuning(best, *_args())) == 1  # taken once
+
+
 # ------------------------------------------------------------------ a real CPU compile (algorithm selection)
 
 
@@ -536,18 +569,25 @@ def test_runtime_plan_without_optimize_mem_clones_every_mutated_arg(monkeypatch:
 ])
 def test_peak_headroom_is_what_upstream_reads(monkeypatch: pytest.MonkeyPatch, accelerator: Any, peak: int,
                                               current: int, expected: int | None) -> None:
+    """One read of the allocator's statistics gives what upstream's two calls give."""
+    import torch.accelerator.memory as acc_memory
+
     from prescreen.hooks import triton_autotune
 
     acc = torch.accelerator
+    stats = {"allocated_bytes.all.peak": peak, "allocated_bytes.all.current": current}
     monkeypatch.setattr(acc, "current_accelerator", lambda *a, **k: accelerator)
-    monkeypatch.setattr(acc, "max_memory_allocated", lambda *a: peak)
-    monkeypatch.setattr(acc, "memory_allocated", lambda *a: current)
+    for module in (acc, acc_memory):
+        monkeypatch.setattr(module, "memory_stats", lambda *a: dict(stats))
     assert triton_autotune._peak_headroom() == expected
+    if expected is not None:  # the expression upstream's copy_args_to_cpu_if_needed evaluates
+        assert expected == acc.max_memory_allocated() - acc.memory_allocated()
 
-    def custom_allocator(*a: Any) -> int:
+    def custom_allocator(*a: Any) -> dict[str, int]:
         raise RuntimeError("custom allocator: no statistics")
 
-    monkeypatch.setattr(acc, "max_memory_allocated", custom_allocator)
+    for module in (acc, acc_memory):
+        monkeypatch.setattr(module, "memory_stats", custom_allocator)
     assert triton_autotune._peak_headroom() is None
 
 
