@@ -24,12 +24,16 @@ case "$1" in
     half b conv2d,conv2d_channels_last,conv3d,int_mm,scaled_mm_fp8,flex_attention,pointwise_mutated,reduction_mutated
     wait ;;
   plan)
+    python3 -P bench/bench_runtime_step.py --device cuda > "$OUT/runtime_step.txt" 2>&1
+    python3 -P -c "import os, sys, torch; d = os.path.dirname(torch.__file__); print('bytecode written:',
+      not sys.flags.dont_write_bytecode, '| torch dir writable:', os.access(d, os.W_OK), '| torch/__pycache__:',
+      os.path.isdir(os.path.join(d, '__pycache__')))" >> "$OUT/runtime_step.txt" 2>&1
     timeout ${DEPLOY_LIMIT:-450} taskset -c 0-7 python3 -P bench/gpu_deploy.py --steps ${DEPLOY_STEPS:-warm,replica,cold} --out "$OUT/deploy.md" \
       > "$OUT/deploy.log" 2>&1 &
     timeout ${DEPLOY_LIMIT:-450} taskset -c 8-15 python3 -P bench/bench_plan_only.py --target gpu_deploy:gpt2 --device cuda \
       --shape batch=1..4096 --device-memory 24GiB --full-timeout ${FULL_LIMIT:-360} > "$OUT/plan_only.txt" 2>&1
     wait
-    grep -v '^STEP' "$OUT/deploy.log" | tail -12; tail -8 "$OUT/plan_only.txt" ;;
+    cat "$OUT/runtime_step.txt"; grep -v '^STEP' "$OUT/deploy.log" | tail -14; tail -8 "$OUT/plan_only.txt" ;;
   profile)
     timeout ${DEPLOY_LIMIT:-300} taskset -c 0-7 python3 -P bench/gpu_deploy.py --steps ${DEPLOY_STEPS:-warm,replica} \
       --out "$OUT/deploy.md" > "$OUT/deploy.log" 2>&1 &

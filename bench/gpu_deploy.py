@@ -172,11 +172,40 @@ def _trace_descents() -> None:
             "configs": len(self.configs or ()), "compile_results": len(self.compile_results or ()),
             "rechecked": id(self) in rechecked, "info": getattr(self, "autotune_cache_info", None),
             "filename": self.filename, "dir_exists": os.path.isdir(os.path.dirname(self.filename or "")),
-            "config": str(launcher.config)})
+            "config": str(launcher.config), "cached": _best_config_file(self.filename)})
         return descend(self, launcher, *args, **kwargs)
 
     CachingAutotuner.recheck_autotune_cache = traced_recheck
     CachingAutotuner.coordinate_descent_tuning = traced_descend
+
+
+def _best_config_file(filename: str | None) -> Any:
+    """What the autotune cache holds beside a kernel's source file (None where nothing)."""
+    try:
+        return json.loads(Path(os.path.splitext(filename or "")[0] + ".best_config").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _saved_best_configs(root: Path, artifact: Path) -> dict[str, Any]:
+    """Each best config the warm saved, as its directory and its artifact hold them: how many are marked found by
+    coordinate descent, and the files whose last save in the artifact is not."""
+    import zipfile
+
+    from torch.compiler._cache import CacheArtifactManager
+
+    from prescreen import artifact as prescreen_artifact
+
+    files = {p.name: json.loads(p.read_text()) for p in root.rglob("*.best_config")}
+    with zipfile.ZipFile(artifact) as zf:
+        infos = prescreen_artifact._infos(zf)
+        data = prescreen_artifact._read(zf, infos[prescreen_artifact.TORCH], prescreen_artifact._manifest(zf, infos))
+    saves: dict[str, list[bool]] = {}
+    for entry in (CacheArtifactManager.deserialize(data) or {}).get("autotune", []):
+        saves.setdefault(os.path.basename(entry.key), []).append(bool(json.loads(entry.content).get("found_by_coordesc")))
+    return {"files": len(files), "files_marked": sum(bool(v.get("found_by_coordesc")) for v in files.values()),
+            "artifact_saves": {k: v for k, v in saves.items() if not v[-1]},
+            "files_unmarked": sorted(k for k, v in files.items() if not v.get("found_by_coordesc"))}
 
 
 def _compile_all() -> None:
@@ -275,6 +304,7 @@ def main() -> None:
         if "warm" in steps:
             warm = _warm(root, "warm", "--artifact", str(artifact))
             warm["best_configs"] = len(list((root / "warm" / "inductor").rglob("*.best_config")))
+            warm["saved_best_configs"] = _saved_best_configs(root / "warm" / "inductor", artifact)
             results["warm"] = step("warm", warm)
             # a replica is another machine: the kernels the FX cache pickled name this directory
             (root / "warm" / "inductor").rename(root / "warm" / "inductor-on-the-warm-machine")
@@ -323,6 +353,10 @@ def main() -> None:
                 r = results[key]
                 rows.append(f"{key}: FX-cache kernels rechecked {r['rechecks']}; coordinate descents "
                             f"{[(d['kernel'], d['rechecked'], (d['info'] or {}).get('autotune_cache_state')) for d in r['descents']]}")
+        if "warm" in results:
+            rows.append(f"warm: best configs saved {results['warm']['saved_best_configs']}")
+        for d in results.get("replica", {}).get("descents", []):
+            rows.append(f"replica descends {d['kernel'][:60]}: cache held {d['cached']}")
         if artifact.exists():
             rows.append(f"artifact {artifact.stat().st_size / 2**20:.1f} MiB")
         text = "\n".join(rows)

@@ -267,21 +267,34 @@ def available_memory(device: str) -> tuple[int, str] | None:
         return None
 
 
-def _meta_bytes(fn: Callable[..., Any], sizes: Mapping[str, int]) -> int:
-    """The bytes of the model's parameters and buffers and its example inputs at ``sizes``, built on torch's meta
-    device (shapes only, nothing allocated). Raises what the build raises; ValueError where the target put a
-    tensor on a real device of its own choosing (then nothing can be told without allocating)."""
+def tensors_of(model: Any, inputs: tuple[Any, ...]) -> list[Any]:
+    """The tensors a compile sees: the inputs', then the parameters and buffers of the model (or of the modules a
+    callable wrapper holds)."""
     import torch
     from torch.utils._pytree import tree_leaves
 
+    held = [model] if isinstance(model, torch.nn.Module) else \
+        [v for v in getattr(model, "__dict__", {}).values() if isinstance(v, torch.nn.Module)]  # a wrapper's
+    return [t for t in tree_leaves(list(inputs)) if isinstance(t, torch.Tensor)] + \
+        [t for module in held for t in (*module.parameters(), *module.buffers())]
+
+
+def build_on_meta(fn: Callable[..., Any], sizes: Mapping[str, int]) -> tuple[Any, tuple[Any, ...]]:
+    """``build`` on torch's meta device (shapes only: nothing allocated, no weights initialized). Raises what the
+    build raises; ValueError where the target put a tensor on a real device of its own choosing."""
+    import torch
+
     with torch.device("meta"):
         model, inputs = build(fn, sizes, "meta")
-    tensors = [t for t in tree_leaves(list(inputs)) if isinstance(t, torch.Tensor)]
-    if isinstance(model, torch.nn.Module):
-        tensors += [*model.parameters(), *model.buffers()]
-    if any(t.device.type != "meta" for t in tensors):
+    if any(t.device.type != "meta" for t in tensors_of(model, inputs)):
         raise ValueError("the target builds on a device of its own")
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return model, inputs
+
+
+def _meta_bytes(fn: Callable[..., Any], sizes: Mapping[str, int]) -> int:
+    """The bytes of the model's parameters and buffers and its example inputs at ``sizes``, built on the meta
+    device (nothing can be told without allocating where that raises)."""
+    return sum(t.numel() * t.element_size() for t in tensors_of(*build_on_meta(fn, sizes)))
 
 
 def check_fits(fn: Callable[..., Any], grid: list[dict[str, int]], device: str) -> None:

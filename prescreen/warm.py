@@ -16,6 +16,7 @@ from typing import Any
 
 from prescreen import artifact as prescreen_artifact
 from prescreen import families
+from prescreen import target as targets
 from prescreen.budget import Budget, resolve_ratio
 from prescreen.errors import ConfigError, NotBounded
 from prescreen.expr import Const
@@ -261,21 +262,52 @@ def _stop_at_codegen(self: Any, *args: Any, **kwargs: Any) -> None:
     raise _Planned(getattr(V.graph.sizevars, "shape_env", None))
 
 
+def _one_template_choice(original: Callable[..., Any], generated: dict[int, Any]) -> Callable[..., Any]:
+    """``maybe_append_choice`` generating one template choice per selection (its ``layout``): a decision needs
+    to know only that a template would compete with ATen, and generating every config's code is the bulk of a
+    ``--plan-only`` lowering. A skipped one reads as a config that does not apply (``NotImplementedError``)."""
+
+    def maybe_append_choice(self: Any, choices: list[Any], **kwargs: Any) -> Any:
+        layout = kwargs.get("layout")
+        if id(layout) in generated:
+            return NotImplementedError("prescreen --plan-only: one template choice per selection")
+        count = len(choices)
+        result = original(self, choices, **kwargs)
+        if layout is not None and len(choices) > count:
+            generated[id(layout)] = layout  # kept alive: its id is not reused during the lowering
+        return result
+
+    return maybe_append_choice
+
+
+@contextlib.contextmanager
+def _planning_lowering() -> Iterator[None]:
+    """A ``--plan-only`` lowering: one template choice per selection, stopped where its kernels would be
+    generated (most of a compile once nothing is benchmarked)."""
+    from torch._inductor import select_algorithm
+    from torch._inductor.codegen.common import KernelTemplate
+    from torch._inductor.scheduler import Scheduler
+
+    generated: dict[int, Any] = {}
+    patched = [(Scheduler, "codegen", _stop_at_codegen)] + [
+        (cls, "maybe_append_choice", _one_template_choice(cls.__dict__["maybe_append_choice"], generated))
+        for cls in (KernelTemplate, select_algorithm.TritonTemplate) if "maybe_append_choice" in cls.__dict__]
+    saved = [(cls, name, cls.__dict__[name]) for cls, name, _ in patched]
+    try:
+        for cls, name, fn in patched:
+            setattr(cls, name, fn)
+        yield
+    finally:
+        for cls, name, fn in saved:
+            setattr(cls, name, fn)
+
+
 Signature = list[tuple[str, tuple[int, ...]]]
 
 
 def _signature(model: Any, inputs: tuple[Any, ...]) -> Signature:
-    """Dtype and sizes of every tensor a compile sees: the inputs, then the model's parameters and buffers (or
-    those of the modules a callable wrapper holds)."""
-    import torch
-    from torch.utils._pytree import tree_leaves
-
-    tensors = [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)]
-    held = [model] if isinstance(model, torch.nn.Module) else \
-        [v for v in getattr(model, "__dict__", {}).values() if isinstance(v, torch.nn.Module)]  # a wrapper's
-    for module in held:
-        tensors += [*module.parameters(), *module.buffers()]
-    return [(str(t.dtype), tuple(t.shape)) for t in tensors]
+    """Dtype and sizes of every tensor a compile sees (``target.tensors_of``)."""
+    return [(str(t.dtype), tuple(t.shape)) for t in targets.tensors_of(model, inputs)]
 
 
 def _serves(shape_env: Any, compiled: Mapping[str, int], signature: Signature, target: Mapping[str, int],
@@ -315,18 +347,16 @@ def _compile_point(fn: Callable[..., Any], sizes: dict[str, int], device: str, m
     ``plan_only`` it stops where its kernels would be generated (most of a compile once nothing is benchmarked)
     and decides for the sizes in ``also`` too: it returns those the same graph serves (``_serves``)."""
     import torch
-    from torch._inductor.scheduler import Scheduler
 
     model, inputs = build(fn, sizes, device)
-    signature = _signature(model, inputs) if also else []
+    signature_at = _signature_at(fn, device)
+    signature = signature_at(sizes) if also else []
     torch._dynamo.reset()
     compiled = torch.compile(model, dynamic=True, mode=mode)
-    codegen = Scheduler.codegen
-    if plan_only:
-        Scheduler.codegen = _stop_at_codegen  # type: ignore[method-assign]
     carried: list[dict[str, int]] = []
     try:
-        with torch.no_grad(), families.naming(sizes, also if plan_only else None):
+        with torch.no_grad(), families.naming(sizes, also if plan_only else None), \
+                _planning_lowering() if plan_only else contextlib.nullcontext():
             try:
                 compiled(*inputs)  # type: ignore[no-untyped-call]
             finally:
@@ -335,11 +365,21 @@ def _compile_point(fn: Callable[..., Any], sizes: dict[str, int], device: str, m
         planned = _planned(exc) if plan_only else None
         if planned is None:
             raise
-        return [t for t in carried
-                if _serves(planned.shape_env, sizes, signature, t, lambda at: _signature(*build(fn, at, device)))]
-    finally:
-        Scheduler.codegen = codegen  # type: ignore[method-assign]
+        return [t for t in carried if _serves(planned.shape_env, sizes, signature, t, signature_at)]
     return []
+
+
+def _signature_at(fn: Callable[..., Any], device: str) -> Callable[[dict[str, int]], Signature]:
+    """The target's signature at some sizes, built on the meta device where it builds there (nothing allocated,
+    no weights initialized), else on ``device``."""
+
+    def at(sizes: dict[str, int]) -> Signature:
+        try:
+            return _signature(*targets.build_on_meta(fn, sizes))
+        except Exception:  # a target that cannot build on the meta device is built for real
+            return _signature(*build(fn, sizes, device))
+
+    return at
 
 
 def warm_model(

@@ -172,6 +172,35 @@ def test_plan_only_lowers_once_per_graph_and_decides_what_a_full_warm_decides(tm
     assert tied["compiles"] == 3 and tied["carried"] == 0 and _keys(tied) == _keys(full)
 
 
+def test_a_plan_only_lowering_generates_one_template_choice_per_selection() -> None:
+    """The decision needs only that a template competes with ATen: later configs of the same selection (its
+    layout) read as not applying, unrendered; another selection generates its own; upstream's method is back
+    after the lowering."""
+    from torch._inductor.codegen.common import KernelTemplate
+
+    from prescreen import warm
+
+    rendered: list[str] = []
+
+    class Template(KernelTemplate):
+        def generate(self, **kwargs: Any) -> Any:
+            rendered.append(kwargs["config"])
+            if kwargs["config"] == "unsupported":
+                raise NotImplementedError("does not apply")
+            return kwargs["config"]
+
+    template, first, second = Template("t"), object(), object()
+    upstream = KernelTemplate.maybe_append_choice
+    with warm._planning_lowering():
+        choices: list[Any] = []
+        for layout, config in ((first, "unsupported"), (first, "a"), (first, "b"), (second, "c"), (second, "d")):
+            template.maybe_append_choice(choices, layout=layout, config=config)
+        assert choices == ["a", "c"] and rendered == ["unsupported", "a", "c"]
+    assert KernelTemplate.maybe_append_choice is upstream
+    template.maybe_append_choice(choices, layout=first, config="b")
+    assert choices == ["a", "c", "b"]
+
+
 def test_aoti_compile_and_package_is_guarded_with_per_kernel_autotune_arguments(tmp_path: Path,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
