@@ -86,7 +86,6 @@ def main() -> None:
     fresh = iter(range(1, 10**9))
 
     def new_step() -> Any:  # another size each time: a miss, decided and stored
-        n = next(fresh)
         return triton_autotune._decide(tuner, (call[0][:n], call[1][:n], call[2], n), {})
 
     rows.append(("a new step: a miss, decided and stored (_decide)", new_step))
@@ -96,6 +95,38 @@ def main() -> None:
     for name, fn in rows:
         wall, cpu = timed(fn, args.reps)
         print(f"| {name} | {wall:.1f} | {cpu:.1f} |")
+    contended(triton_autotune._decide, tuner, call, max(args.reps // 20, 20))
+
+
+def contended(decide: Callable[..., Any], tuner: Any, call: tuple[Any, ...], reps: int) -> None:
+    """The same step while two other threads run Python (as Inductor's precompile threads do): the store's reads
+    release the GIL, and taking it back waits out the switch interval, unless a lookup shortens it."""
+    import threading
+
+    from prescreen import service
+
+    busy = [True]
+
+    def spin() -> None:
+        while busy[0]:
+            pass
+
+    for _ in range(2):
+        threading.Thread(target=spin, daemon=True).start()
+    fresh = iter(range(10**6, 10**9))
+    short = service.LOOKUP_SWITCH_INTERVAL
+    results = {}
+    for interval in (None, short):
+        service.LOOKUP_SWITCH_INTERVAL = interval
+        hit = timed(lambda: decide(tuner, call, {}), reps)[0]
+        miss = timed(lambda: decide(tuner, (call[0][:next(fresh) % 2**19 + 1], *call[1:]), {}), reps)[0]
+        results[interval] = (hit, miss)
+    busy[0] = False
+    service.LOOKUP_SWITCH_INTERVAL = short
+    (hit0, miss0), (hit1, miss1) = results[None], results[short]
+    print(f"\nwith two busy threads ({reps} reps, medians): a hit {hit0 / 1e3:.2f} ms with the default switch interval, "
+          f"{hit1 / 1e3:.2f} ms with {short} s during lookups ({hit0 / hit1:.0f}x); a new step {miss0 / 1e3:.2f} ms vs "
+          f"{miss1 / 1e3:.2f} ms ({miss0 / miss1:.0f}x)")
 
 
 if __name__ == "__main__":

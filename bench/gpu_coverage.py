@@ -16,7 +16,7 @@ every benchmark really runs). Measured with ``torch.cuda.max_memory_allocated``:
 - guard ms: the time spent in prescreen's own code during the case, exactly: the
   time inside each of prescreen's wrappers (``AlgorithmSelectorCache.__call__``,
   ``.autotune`` and ``.lookup``, ``Scheduler.speedup_by_fusion``,
-  ``CachingAutotuner.benchmark_all_configs`` and ``.coordinate_descent_tuning``) minus the time inside the upstream
+  ``CachingAutotuner.benchmark_all_configs`` and ``._coordinate_descent_tuning``) minus the time inside the upstream
   method that wrapper calls (both timed by wrappers put around them, below and
   above prescreen's: ``GuardClock``). Building plans, lookups, opening the
   store, logging and the wrappers themselves are in it; the meter's own time
@@ -257,7 +257,7 @@ def _guarded_methods() -> dict[str, tuple[Any, str]]:
             "fusion": (scheduler.Scheduler, "speedup_by_fusion"),
             "lookup": (AlgorithmSelectorCache, "lookup"),
             "runtime": (CachingAutotuner, "benchmark_all_configs"),
-            "coordesc": (CachingAutotuner, "coordinate_descent_tuning")}
+            "coordesc": (CachingAutotuner, "_coordinate_descent_tuning")}
 
 
 def timed(fn: Callable[..., Any], seconds: MutableMapping[str, float], key: str,

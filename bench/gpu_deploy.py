@@ -148,10 +148,8 @@ def _trace_descents() -> None:
     """Say which kernels a replica still tunes by coordinate descent, and what their autotune cache held."""
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
-    from prescreen.hooks import triton_autotune
-
     rechecked: set[int] = set()
-    recheck, descend = CachingAutotuner.recheck_autotune_cache, CachingAutotuner.coordinate_descent_tuning
+    recheck, descend = CachingAutotuner.recheck_autotune_cache, CachingAutotuner._coordinate_descent_tuning
 
     def traced_recheck(self: Any, *args: Any, **kwargs: Any) -> Any:
         rechecked.add(id(self))
@@ -165,8 +163,6 @@ def _trace_descents() -> None:
         return out
 
     def traced_descend(self: Any, launcher: Any, *args: Any, **kwargs: Any) -> Any:
-        if not triton_autotune._upstream_descends(self):
-            return descend(self, launcher, *args, **kwargs)  # upstream returns these at once
         DESCENTS.append({
             "kernel": self.inductor_meta.get("kernel_name"), "heuristic": str(self.heuristic_type),
             "configs": len(self.configs or ()), "compile_results": len(self.compile_results or ()),
@@ -176,7 +172,7 @@ def _trace_descents() -> None:
         return descend(self, launcher, *args, **kwargs)
 
     CachingAutotuner.recheck_autotune_cache = traced_recheck
-    CachingAutotuner.coordinate_descent_tuning = traced_descend
+    CachingAutotuner._coordinate_descent_tuning = traced_descend
 
 
 def _best_config_file(filename: str | None) -> Any:

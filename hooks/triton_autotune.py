@@ -222,28 +222,15 @@ def _wrap_one_config(original: Callable[..., Any]) -> Callable[..., Any]:
 _coordesc_skipped: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
-def _upstream_descends(autotuner: Any) -> bool:
-    """Whether upstream's coordinate descent may tune this kernel: torch >= 2.12 says so in
-    ``_should_coordesc_tune``; earlier versions return a template's or a user kernel's launcher at once."""
-    should = getattr(autotuner, "_should_coordesc_tune", None)
-    if isinstance(should, bool):
-        return should
-    kind = getattr(getattr(autotuner, "heuristic_type", None), "name", None)
-    return kind not in ("TEMPLATE", "USER_AUTOTUNE", "FIXED")
-
-
 def _wrap_coordesc(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``coordinate_descent_tuning`` benchmarks configs around the launcher on clones of the mutated args,
+    """``_coordinate_descent_tuning`` benchmarks configs around the launcher on clones of the mutated args,
     as runtime autotuning does: skipped after a fallback, over budget or under ``--plan-only``; an OOM in it
-    keeps the launcher it started from and is stored like any other."""
+    keeps the launcher it started from and is stored like any other. Upstream enters it only for a kernel it
+    descends (``coordinate_descent_tuning``, asked at every launch, templates' included, answers the rest)."""
 
     @functools.wraps(original)
     def guarded_coordesc(self: Any, launcher: Any, *args: Any, **kwargs: Any) -> Any:
-        # Called at every launch until coordinate descent marks a config found (each repetition of a
-        # compile-time benchmark included): a kernel it never tunes, or one skipped here, is answered at once.
-        if not _upstream_descends(self):
-            return original(self, launcher, *args, **kwargs)
-        if self in _coordesc_skipped:
+        if self in _coordesc_skipped:  # asked again at every launch until a config is marked found
             return launcher
         decided = None
         try:
@@ -354,7 +341,7 @@ def patch() -> bool:
     ok = (patch_attr(CachingAutotuner, "autotune_to_one_config", varargs, _wrap_one_config, "best-config")
           and patch_attr(CachingAutotuner, "benchmark_all_configs", varargs, _wrap, "runtime-autotune"))
     if ok:
-        patch_attr(CachingAutotuner, "coordinate_descent_tuning", ("self", "launcher", "args", "kwargs"),
+        patch_attr(CachingAutotuner, "_coordinate_descent_tuning", ("self", "launcher", "args", "kwargs"),
                    _wrap_coordesc, "coordinate-descent")
         patch_attr(CachingAutotuner, "recheck_autotune_cache", ("self", "reload_kernel_from_src"), _wrap_recheck,
                    "cached coordinate-descent config")
@@ -366,4 +353,4 @@ def unpatch() -> None:
     module = sys.modules.get("torch._inductor.runtime.triton_heuristics")
     if module is not None:
         unpatch_attr(module.CachingAutotuner, "benchmark_all_configs", "autotune_to_one_config",
-                     "coordinate_descent_tuning", "recheck_autotune_cache")
+                     "_coordinate_descent_tuning", "recheck_autotune_cache")

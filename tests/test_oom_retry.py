@@ -20,6 +20,7 @@ from prescreen.decision import Decision, is_observed_oom
 from prescreen.errors import Reason
 from prescreen.expr import Const
 from prescreen.hooks import oom
+from prescreen.hooks.inductor_select import ORIGINAL_ATTR
 from prescreen.plan import KernelPlan, TensorArg
 from prescreen.service import COUNTERS, lookup_or_decide, record_observed_oom
 from prescreen.store import DiskStore
@@ -380,7 +381,7 @@ def test_a_runtime_fallback_is_never_saved_nor_tuned_by_coordinate_descent(
             return min(timings, key=timings.get)
 
         @triton_autotune._wrap_coordesc
-        def coordinate_descent_tuning(self, launcher: Any, *args: Any, **kwargs: Any) -> Any:
+        def coordinate_descent_tuning(self, launcher: Any, *args: Any, **kwargs: Any) -> Any:  # where upstream descends
             tuned.append(launcher.config)
             if coordesc_oom:
                 raise torch.OutOfMemoryError(OOM_TEXT)
@@ -412,7 +413,7 @@ def test_coordinate_descent_after_a_tuned_runtime_step_takes_its_decision(gpu_li
             return min(timings, key=timings.get)
 
         @triton_autotune._wrap_coordesc
-        def coordinate_descent_tuning(self, launcher: Any, *args: Any, **kwargs: Any) -> Any:
+        def coordinate_descent_tuning(self, launcher: Any, *args: Any, **kwargs: Any) -> Any:  # where upstream descends
             return _Launcher(9)
 
     def lookups(step: Callable[[], Any]) -> int:
@@ -591,33 +592,37 @@ def test_peak_headroom_is_what_upstream_reads(monkeypatch: pytest.MonkeyPatch, a
     assert triton_autotune._peak_headroom() is None
 
 
-@pytest.mark.parametrize(("heuristic", "should", "looked_up"), [
-    ("TEMPLATE", None, False),      # torch <= 2.11: a template's launcher returned at once, no attribute
-    ("USER_AUTOTUNE", None, False),
-    ("POINTWISE", None, True),
-    ("POINTWISE", False, False),    # torch >= 2.12 says it in _should_coordesc_tune
-    ("TEMPLATE", True, True),
-])
-def test_coordinate_descent_upstream_never_runs_is_not_looked_up(
-    gpu_like: DiskStore, heuristic: str, should: bool | None, looked_up: bool
-) -> None:
+@pytest.mark.parametrize(("heuristic", "looked_up"), [
+    ("TEMPLATE", False), ("USER_AUTOTUNE", False), ("FIXED", False), ("POINTWISE", True)])
+def test_only_a_kernel_upstream_descends_reaches_the_guard(gpu_like: DiskStore, heuristic: str, looked_up: bool) -> None:
     """Upstream asks for coordinate descent at every launch, each repetition of a compile-time benchmark
-    included (8,000 asks in one GPT-2 compile on an H100, 2.6% of its time spent looking them up): a kernel
-    upstream never tunes is answered at once, as upstream answers it."""
+    included (8,000 asks in one GPT-2 compile on an H100): the guard sits where upstream's own
+    ``coordinate_descent_tuning`` goes on to descend, so a kernel upstream never tunes costs nothing."""
     from torch._inductor.runtime.hints import HeuristicType
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
     from prescreen.hooks import triton_autotune
 
     class Tuner(FakeAutotuner):
         heuristic_type = HeuristicType[heuristic]
+        deterministic_mode, compile_id, is_backward, inductor_meta = False, None, False, {"kernel_name": "k"}
+        coordinate_descent_tuning = CachingAutotuner.coordinate_descent_tuning  # upstream's, unwrapped
 
         @triton_autotune._wrap_coordesc
-        def coordinate_descent_tuning(self, launcher: Any, *args: Any, **kwargs: Any) -> Any:
+        def _coordinate_descent_tuning(self, launcher: Any, *args: Any, **kwargs: Any) -> Any:
             return launcher
 
+    should = CachingAutotuner.__dict__.get("_should_coordesc_tune")  # torch >= 2.12: a cached property
     if should is not None:
         Tuner._should_coordesc_tune = should  # type: ignore[attr-defined]
+        should.__set_name__(Tuner, "_should_coordesc_tune")
     tuner = Tuner(raise_oom=False)
     for _ in range(3):
         assert tuner.coordinate_descent_tuning(tuner.launchers[0], *_args()) is tuner.launchers[0]
     assert len(list(gpu_like.entries())) == int(looked_up)
+    try:  # and that is where the guard is installed
+        assert triton_autotune.patch()
+        assert hasattr(CachingAutotuner.__dict__["_coordinate_descent_tuning"], ORIGINAL_ATTR)
+        assert not hasattr(CachingAutotuner.__dict__["coordinate_descent_tuning"], ORIGINAL_ATTR)
+    finally:
+        triton_autotune.unpatch()
