@@ -86,6 +86,7 @@ def main() -> None:
     fresh = iter(range(1, 10**9))
 
     def new_step() -> Any:  # another size each time: a miss, decided and stored
+        n = next(fresh)
         return triton_autotune._decide(tuner, (call[0][:n], call[1][:n], call[2], n), {})
 
     rows.append(("a new step: a miss, decided and stored (_decide)", new_step))
