@@ -2,12 +2,14 @@
 # The GPU figures bench/RESULTS.md still waits for, as device commands that each fit 600 s.
 #   bash bench/gpu_batch.sh cov    # hook share, 17 cases: two halves side by side, each cold then warm store
 #   bash bench/gpu_batch.sh plan   # side by side on 8 cores each: the deploy flow (warm --artifact, replica,
-#                                  # cold) and plan-only vs a full warm of GPT-2 over 13 families
+#                                  # cold) and plan-only vs a full warm of GPT-2 over 13 families; first the
+#                                  # runtime step's pieces; THEN_COV=cases: those coverage cases after the deploy
 #   bash bench/gpu_batch.sh profile  # the deploy flow beside cProfile runs (read them with pstats): a plan-only
 #                                    # warm of GPT-2, then the five smallest coverage cases, cold then warm store
 # Needs the prescreen, diskcache and redis wheels under .whl/ (see the device README); writes to $OUT.
 set -uo pipefail
 [[ ${1:-} =~ ^(cov|plan|profile)$ ]] || { echo "usage: bash bench/gpu_batch.sh cov|plan|profile" >&2; exit 2; }
+SMALL=pointwise_mutated_headroom,conv1d,conv2d,conv2d_channels_last,mm_epilogue,conv3d  # over or near 0.1% before
 OUT=${OUT:-$(mktemp -d)}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || exit 1
@@ -28,12 +30,17 @@ case "$1" in
     python3 -P -c "import os, sys, torch; d = os.path.dirname(torch.__file__); print('bytecode written:',
       not sys.flags.dont_write_bytecode, '| torch dir writable:', os.access(d, os.W_OK), '| torch/__pycache__:',
       os.path.isdir(os.path.join(d, '__pycache__')))" >> "$OUT/runtime_step.txt" 2>&1
-    timeout ${DEPLOY_LIMIT:-450} taskset -c 0-7 python3 -P bench/gpu_deploy.py --steps ${DEPLOY_STEPS:-warm,replica,cold} --out "$OUT/deploy.md" \
-      > "$OUT/deploy.log" 2>&1 &
+    { timeout ${DEPLOY_LIMIT:-450} taskset -c 0-7 python3 -P bench/gpu_deploy.py --steps ${DEPLOY_STEPS:-warm,replica,cold} \
+        --out "$OUT/deploy.md" > "$OUT/deploy.log" 2>&1
+      if [[ -n ${THEN_COV:-} ]]; then  # the coverage cases named, cold then warm store, once the deploy steps are done
+        for store in cold warm; do PRESCREEN_CACHE_DIR=/tmp/store-small taskset -c 0-7 python3 -P bench/gpu_coverage.py \
+          --cases "$THEN_COV" --json "$OUT/cov-$store.json" > "$OUT/cov-$store.txt" 2>&1; done
+      fi; } &
     timeout ${DEPLOY_LIMIT:-450} taskset -c 8-15 python3 -P bench/bench_plan_only.py --target gpu_deploy:gpt2 --device cuda \
       --shape batch=1..4096 --device-memory 24GiB --full-timeout ${FULL_LIMIT:-360} > "$OUT/plan_only.txt" 2>&1
     wait
-    cat "$OUT/runtime_step.txt"; grep -v '^STEP' "$OUT/deploy.log" | tail -14; tail -8 "$OUT/plan_only.txt" ;;
+    cat "$OUT/runtime_step.txt"; grep -v '^STEP' "$OUT/deploy.log" | tail -14; tail -8 "$OUT/plan_only.txt"
+    grep -h "^| [a-z_0-9]* | True" "$OUT"/cov-*.txt 2>/dev/null ;;
   profile)
     timeout ${DEPLOY_LIMIT:-300} taskset -c 0-7 python3 -P bench/gpu_deploy.py --steps ${DEPLOY_STEPS:-warm,replica} \
       --out "$OUT/deploy.md" > "$OUT/deploy.log" 2>&1 &
@@ -45,9 +52,8 @@ cProfile.run('main()', '$OUT/plan.prof')" warm gpu_deploy:gpt2 --device cuda --s
       --device-memory 24GiB --plan-only >> "$OUT/profile.txt" 2>&1
     unset TORCHINDUCTOR_CACHE_DIR
     export PYTHONPATH=/tmp/site PRESCREEN_CACHE_DIR=/tmp/cov-store
-    small=pointwise_mutated_headroom,conv1d,conv2d,conv2d_channels_last,mm_epilogue
     for store in cold warm; do
-      taskset -c 8-15 python3 -P -m cProfile -o "$OUT/cov-$store.prof" bench/gpu_coverage.py --cases $small \
+      taskset -c 8-15 python3 -P -m cProfile -o "$OUT/cov-$store.prof" bench/gpu_coverage.py --cases $SMALL \
         >> "$OUT/profile.txt" 2>&1
     done
     wait
