@@ -168,25 +168,32 @@ def _silent(*args: Any, **kwargs: Any) -> None:
 
 
 @contextlib.contextmanager
-def _autotune_output_held(settings: Mapping[str, Any], verbose: bool) -> Iterator[None]:
+def _patched(changes: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    """Each ``(owner, attribute, value)`` set inside the block, the owner's own value back after it."""
+    saved = [(owner, attr, vars(owner)[attr]) for owner, attr, _ in changes]
+    try:
+        for owner, attr, value in changes:
+            setattr(owner, attr, value)
+        yield
+    finally:
+        for owner, attr, value in reversed(saved):
+            setattr(owner, attr, value)
+
+
+def _autotune_output_held(settings: Mapping[str, Any], verbose: bool) -> contextlib.AbstractContextManager[None]:
     """Inside the block, Inductor's autotune tables and choice statistics print nothing (see ``QUIET_AUTOTUNE``)."""
     from torch._inductor import select_algorithm
 
-    held: list[tuple[object, str, object]] = []
-    try:
-        for name in (name for setting, name in QUIET_AUTOTUNE.items() if not verbose and setting not in settings):
-            owner_name, _, attr = name.rpartition(".")
-            owner = getattr(select_algorithm, owner_name, None) if owner_name else select_algorithm
-            if owner is None or attr not in vars(owner):
-                logging.getLogger("prescreen").info("prescreen warm: this torch has no select_algorithm.%s; its "
-                                                    "autotune output is not held back", name)
-            else:
-                held.append((owner, attr, vars(owner)[attr]))
-                setattr(owner, attr, staticmethod(_silent) if owner_name else _silent)
-        yield
-    finally:
-        for owner, attr, original in reversed(held):
-            setattr(owner, attr, original)
+    changes = []
+    for name in (name for setting, name in QUIET_AUTOTUNE.items() if not verbose and setting not in settings):
+        owner_name, _, attr = name.rpartition(".")
+        owner = getattr(select_algorithm, owner_name, None) if owner_name else select_algorithm
+        if owner is None or attr not in vars(owner):
+            logging.getLogger("prescreen").info("prescreen warm: this torch has no select_algorithm.%s; its "
+                                                "autotune output is not held back", name)
+        else:
+            changes.append((owner, attr, staticmethod(_silent) if owner_name else _silent))
+    return _patched(changes)
 
 
 @contextlib.contextmanager
@@ -280,8 +287,7 @@ def _one_template_choice(original: Callable[..., Any], generated: dict[int, Any]
     return maybe_append_choice
 
 
-@contextlib.contextmanager
-def _planning_lowering() -> Iterator[None]:
+def _planning_lowering() -> contextlib.AbstractContextManager[None]:
     """A ``--plan-only`` lowering: one template choice per selection, stopped where its kernels would be
     generated (most of a compile once nothing is benchmarked)."""
     from torch._inductor import select_algorithm
@@ -289,17 +295,9 @@ def _planning_lowering() -> Iterator[None]:
     from torch._inductor.scheduler import Scheduler
 
     generated: dict[int, Any] = {}
-    patched = [(Scheduler, "codegen", _stop_at_codegen)] + [
+    return _patched([(Scheduler, "codegen", _stop_at_codegen)] + [
         (cls, "maybe_append_choice", _one_template_choice(cls.__dict__["maybe_append_choice"], generated))
-        for cls in (KernelTemplate, select_algorithm.TritonTemplate) if "maybe_append_choice" in cls.__dict__]
-    saved = [(cls, name, cls.__dict__[name]) for cls, name, _ in patched]
-    try:
-        for cls, name, fn in patched:
-            setattr(cls, name, fn)
-        yield
-    finally:
-        for cls, name, fn in saved:
-            setattr(cls, name, fn)
+        for cls in (KernelTemplate, select_algorithm.TritonTemplate) if "maybe_append_choice" in cls.__dict__])
 
 
 Signature = list[tuple[str, tuple[int, ...]]]
