@@ -168,19 +168,11 @@ def _trace_descents() -> None:
             "configs": len(self.configs or ()), "compile_results": len(self.compile_results or ()),
             "rechecked": id(self) in rechecked, "info": getattr(self, "autotune_cache_info", None),
             "filename": self.filename, "dir_exists": os.path.isdir(os.path.dirname(self.filename or "")),
-            "config": str(launcher.config), "cached": _best_config_file(self.filename)})
+            "config": str(launcher.config)})
         return descend(self, launcher, *args, **kwargs)
 
     CachingAutotuner.recheck_autotune_cache = traced_recheck
     CachingAutotuner._coordinate_descent_tuning = traced_descend
-
-
-def _best_config_file(filename: str | None) -> Any:
-    """What the autotune cache holds beside a kernel's source file (None where nothing)."""
-    try:
-        return json.loads(Path(os.path.splitext(filename or "")[0] + ".best_config").read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _saved_best_configs(root: Path, artifact: Path) -> dict[str, Any]:
@@ -351,8 +343,6 @@ def main() -> None:
                             f"{[(d['kernel'], d['rechecked'], (d['info'] or {}).get('autotune_cache_state')) for d in r['descents']]}")
         if "warm" in results:
             rows.append(f"warm: best configs saved {results['warm']['saved_best_configs']}")
-        for d in results.get("replica", {}).get("descents", []):
-            rows.append(f"replica descends {d['kernel'][:60]}: cache held {d['cached']}")
         if artifact.exists():
             rows.append(f"artifact {artifact.stat().st_size / 2**20:.1f} MiB")
         text = "\n".join(rows)

@@ -373,6 +373,31 @@ def test_a_winner_coordinate_descent_already_marked_is_saved_marked(
     assert best.found_by_coordesc is guarded
 
 
+@pytest.mark.parametrize(("saved_marked", "descends"), [(True, False), (False, True)])
+def test_a_cached_winner_whose_mark_was_lost_in_transit_is_not_descended_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, saved_marked: bool, descends: bool
+) -> None:
+    """A kernel compiled in Inductor's worker from a cached coordinate-descent winner arrives unpickled without
+    the mark (Triton's ``Config.__setstate__`` keeps its own fields), and upstream would descend again: the guard
+    reads the cache, finds the launcher's config marked there, and launches it. Saved unmarked, it descends."""
+    from types import SimpleNamespace
+
+    from torch._inductor.runtime import autotune_cache
+
+    from prescreen.hooks import triton_autotune
+
+    monkeypatch.setattr(autotune_cache, "Config", _Config)
+    winner = _Config({"XBLOCK": 128}, num_warps=2)
+    kernel = _Static(str(tmp_path / "ab" / "cabc.py"), [_Config({"XBLOCK": 64}), winner])
+    kernel.save_cache_hook(winner, 0, found_by_coordesc=saved_marked)
+    descended: list[Any] = []
+    guarded = triton_autotune._wrap_coordesc(lambda self, launcher, *a, **k: descended.append(launcher) or launcher)
+    arrived = SimpleNamespace(config=_Config(winner.kwargs, num_warps=2))  # the same config, its mark lost
+    monkeypatch.setattr(triton_autotune, "_decide", lambda *a: None)  # not the budget's business here
+    assert guarded(kernel, arrived) is arrived
+    assert (descended == [arrived]) is descends and arrived.config.found_by_coordesc is not descends
+
+
 def test_a_cached_kernel_without_a_source_file_is_rechecked_quietly(caplog: pytest.LogCaptureFixture) -> None:
     """A Triton template the FX cache hands back has no source file (``filename`` None), so no best config:
     the recheck leaves it to upstream and says nothing."""
