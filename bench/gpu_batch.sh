@@ -26,7 +26,13 @@ case "$1" in
     half b conv2d,conv2d_channels_last,conv3d,int_mm,scaled_mm_fp8,flex_attention,pointwise_mutated,reduction_mutated
     wait ;;
   plan)
-    python3 -P bench/bench_runtime_step.py --device cuda > "$OUT/runtime_step.txt" 2>&1
+    if [[ -n ${PYC:-} ]]; then  # this device's torch came without bytecode: compile it, as pip does at install
+      /usr/bin/time -f "compileall: %e s" timeout 120 python3 -m compileall -q -j 16 \
+        "$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')" \
+        "$(python3 -c 'import os, transformers; print(os.path.dirname(transformers.__file__))')" /tmp/site \
+        > "$OUT/runtime_step.txt" 2>&1
+    fi
+    [[ -n ${NO_STEP_BENCH:-} ]] || python3 -P bench/bench_runtime_step.py --device cuda >> "$OUT/runtime_step.txt" 2>&1
     python3 -P -c "import os, sys, torch; d = os.path.dirname(torch.__file__); print('bytecode written:',
       not sys.flags.dont_write_bytecode, '| torch dir writable:', os.access(d, os.W_OK), '| torch/__pycache__:',
       os.path.isdir(os.path.join(d, '__pycache__')))" >> "$OUT/runtime_step.txt" 2>&1
@@ -36,7 +42,7 @@ case "$1" in
         for store in cold warm; do PRESCREEN_CACHE_DIR=/tmp/store-small taskset -c 0-7 python3 -P bench/gpu_coverage.py \
           --cases "$THEN_COV" --json "$OUT/cov-$store.json" > "$OUT/cov-$store.txt" 2>&1; done
       fi; } &
-    timeout ${DEPLOY_LIMIT:-450} taskset -c 8-15 python3 -P bench/bench_plan_only.py --target gpu_deploy:gpt2 --device cuda \
+    timeout ${PLAN_LIMIT:-520} taskset -c 8-15 python3 -P bench/bench_plan_only.py --target gpu_deploy:gpt2 --device cuda \
       --shape batch=1..4096 --device-memory 24GiB --full-timeout ${FULL_LIMIT:-360} > "$OUT/plan_only.txt" 2>&1
     wait
     cat "$OUT/runtime_step.txt"; grep -v '^STEP' "$OUT/deploy.log" | tail -14; tail -8 "$OUT/plan_only.txt"

@@ -144,7 +144,7 @@ def _time_prescreen() -> None:
     triton_autotune._decide = traced_decide
 
 
-def _trace_descents() -> None:
+def _trace_descents(ran: list[int]) -> None:
     """Say which kernels a replica still tunes by coordinate descent, and what their autotune cache held."""
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
@@ -163,16 +163,23 @@ def _trace_descents() -> None:
         return out
 
     def traced_descend(self: Any, launcher: Any, *args: Any, **kwargs: Any) -> Any:
-        DESCENTS.append({
-            "kernel": self.inductor_meta.get("kernel_name"), "heuristic": str(self.heuristic_type),
-            "configs": len(self.configs or ()), "compile_results": len(self.compile_results or ()),
-            "rechecked": id(self) in rechecked, "info": getattr(self, "autotune_cache_info", None),
-            "filename": self.filename, "dir_exists": os.path.isdir(os.path.dirname(self.filename or "")),
-            "config": str(launcher.config)})
-        return descend(self, launcher, *args, **kwargs)
+        before = ran[0]
+        try:
+            return descend(self, launcher, *args, **kwargs)
+        finally:
+            if ran[0] > before:  # the guard launched some without benchmarking: not descents
+                DESCENTS.append(_descent(self, launcher, id(self) in rechecked, ran[0] - before))
 
     CachingAutotuner.recheck_autotune_cache = traced_recheck
     CachingAutotuner._coordinate_descent_tuning = traced_descend
+
+
+def _descent(self: Any, launcher: Any, rechecked: bool, benchmarks: int) -> dict[str, Any]:
+    return {"kernel": self.inductor_meta.get("kernel_name"), "heuristic": str(self.heuristic_type),
+            "configs": len(self.configs or ()), "compile_results": len(self.compile_results or ()),
+            "rechecked": rechecked, "info": getattr(self, "autotune_cache_info", None), "benchmarks": benchmarks,
+            "filename": self.filename, "dir_exists": os.path.isdir(os.path.dirname(self.filename or "")),
+            "config": str(launcher.config)}
 
 
 def _saved_best_configs(root: Path, artifact: Path) -> dict[str, Any]:
@@ -211,7 +218,7 @@ def _compile_all() -> None:
         prescreen.load(load)
     prescreen.install()
     _time_prescreen()
-    _trace_descents()
+    _trace_descents(ran)
     digests = []
     start = time.perf_counter()
     for batch in BATCHES:
