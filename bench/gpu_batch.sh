@@ -4,11 +4,12 @@
 #   bash bench/gpu_batch.sh plan   # side by side on 8 cores each: the deploy flow (warm --artifact, replica,
 #                                  # cold) and plan-only vs a full warm of GPT-2 over 13 families; first the
 #                                  # runtime step's pieces; THEN_COV=cases: those coverage cases after the deploy
+#   bash bench/gpu_batch.sh audit  # plan-only vs a full warm alone on the machine (bytecode written first)
 #   bash bench/gpu_batch.sh profile  # the deploy flow beside cProfile runs (read them with pstats): a plan-only
 #                                    # warm of GPT-2, then the five smallest coverage cases, cold then warm store
 # Needs the prescreen, diskcache and redis wheels under .whl/ (see the device README); writes to $OUT.
 set -uo pipefail
-[[ ${1:-} =~ ^(cov|plan|profile)$ ]] || { echo "usage: bash bench/gpu_batch.sh cov|plan|profile" >&2; exit 2; }
+[[ ${1:-} =~ ^(cov|plan|audit|profile)$ ]] || { echo "usage: bash bench/gpu_batch.sh cov|plan|audit|profile" >&2; exit 2; }
 SMALL=pointwise_mutated_headroom,conv1d,conv2d,conv2d_channels_last,mm_epilogue,conv3d  # over or near 0.1% before
 OUT=${OUT:-$(mktemp -d)}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -47,6 +48,11 @@ case "$1" in
     wait
     cat "$OUT/runtime_step.txt"; grep -v '^STEP' "$OUT/deploy.log" | tail -14; tail -8 "$OUT/plan_only.txt"
     grep -h "^| [a-z_0-9]* | True" "$OUT"/cov-*.txt 2>/dev/null ;;
+  audit)
+    timeout 90 python3 -m compileall -q -j 16 "$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')" \
+      "$(python3 -c 'import os, transformers; print(os.path.dirname(transformers.__file__))')" /tmp/site > /dev/null 2>&1
+    timeout ${PLAN_LIMIT:-560} python3 -P bench/bench_plan_only.py --target gpu_deploy:gpt2 --device cuda \
+      --shape batch=1..4096 --device-memory 24GiB --full-timeout ${FULL_LIMIT:-480} 2>&1 | tee "$OUT/plan_only.txt" ;;
   profile)
     timeout ${DEPLOY_LIMIT:-300} taskset -c 0-7 python3 -P bench/gpu_deploy.py --steps ${DEPLOY_STEPS:-warm,replica} \
       --out "$OUT/deploy.md" > "$OUT/deploy.log" 2>&1 &
