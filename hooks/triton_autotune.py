@@ -111,7 +111,8 @@ def plan_for_autotuner(autotuner: Any, args: tuple[Any, ...], kwargs: dict[str, 
 
 
 #: ``fallen``: the id of the autotuner whose runtime step on this thread took its first config unbenchmarked;
-#: ``tuned``: (id, decision) of the one whose runtime step decided to tune, for its coordinate descent next.
+#: ``tuned``: (weak reference, decision) of the one whose runtime step decided to tune, for its coordinate
+#: descent next (a weak reference: another autotuner may later get a freed one's id).
 _step = threading.local()
 
 
@@ -123,7 +124,7 @@ def _tuned_just_now(autotuner: Any) -> tuple[KernelPlan, Any, Outcome] | None:
     """The decision this autotuner's runtime step took a moment ago on this thread, taken once: its coordinate
     descent follows in the same call on the same arguments, so the plan and key are the same."""
     tuned, _step.tuned = getattr(_step, "tuned", None), None
-    return tuned[1] if tuned is not None and tuned[0] == id(autotuner) else None
+    return tuned[1] if tuned is not None and tuned[0]() is autotuner else None
 
 
 def _first_config(autotuner: Any) -> dict[Any, float]:
@@ -169,7 +170,7 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
                     return _first_config(self)
                 if state.plan_only():
                     return _first_config(self)  # decided and recorded; nothing is benchmarked
-                _step.tuned = (id(self), decided)
+                _step.tuned = (weakref.ref(self), decided)
         except Exception as exc:  # never break a compile
             state.log_once(f"autotune-error:{type(exc).__name__}", logging.WARNING,
                            "prescreen: runtime-autotune guard failed (%r); benchmarking as upstream would", exc)
