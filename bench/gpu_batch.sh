@@ -16,6 +16,11 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+write_bytecode() {  # this device's torch came without bytecode: compile it, as pip does at install
+  /usr/bin/time -f "compileall: %e s" timeout 120 python3 -m compileall -q -j 16 \
+    "$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')" \
+    "$(python3 -c 'import os, transformers; print(os.path.dirname(transformers.__file__))')" /tmp/site
+}
 case "$1" in
   cov)
     half() {  # $1: name, $2: cases; a cold store, then the same store in a fresh process
@@ -27,12 +32,7 @@ case "$1" in
     half b conv2d,conv2d_channels_last,conv3d,int_mm,scaled_mm_fp8,flex_attention,pointwise_mutated,reduction_mutated
     wait ;;
   plan)
-    if [[ -n ${PYC:-} ]]; then  # this device's torch came without bytecode: compile it, as pip does at install
-      /usr/bin/time -f "compileall: %e s" timeout 120 python3 -m compileall -q -j 16 \
-        "$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')" \
-        "$(python3 -c 'import os, transformers; print(os.path.dirname(transformers.__file__))')" /tmp/site \
-        > "$OUT/runtime_step.txt" 2>&1
-    fi
+    [[ -z ${PYC:-} ]] || write_bytecode > "$OUT/runtime_step.txt" 2>&1
     [[ -n ${NO_STEP_BENCH:-} ]] || python3 -P bench/bench_runtime_step.py --device cuda >> "$OUT/runtime_step.txt" 2>&1
     python3 -P -c "import os, sys, torch; d = os.path.dirname(torch.__file__); print('bytecode written:',
       not sys.flags.dont_write_bytecode, '| torch dir writable:', os.access(d, os.W_OK), '| torch/__pycache__:',
@@ -49,8 +49,7 @@ case "$1" in
     cat "$OUT/runtime_step.txt"; grep -v '^STEP' "$OUT/deploy.log" | tail -14; tail -8 "$OUT/plan_only.txt"
     grep -h "^| [a-z_0-9]* | True" "$OUT"/cov-*.txt 2>/dev/null ;;
   audit)
-    timeout 90 python3 -m compileall -q -j 16 "$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')" \
-      "$(python3 -c 'import os, transformers; print(os.path.dirname(transformers.__file__))')" /tmp/site > /dev/null 2>&1
+    write_bytecode > /dev/null 2>&1
     timeout ${PLAN_LIMIT:-560} python3 -P bench/bench_plan_only.py --target gpu_deploy:gpt2 --device cuda \
       --shape batch=1..4096 --device-memory 24GiB --full-timeout ${FULL_LIMIT:-480} 2>&1 | tee "$OUT/plan_only.txt" ;;
   profile)

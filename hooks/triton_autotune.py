@@ -273,17 +273,24 @@ def _descended_before(autotuner: Any, launcher: Any) -> bool:
     A kernel compiled in Inductor's worker from a cached winner reaches this process unmarked (Triton's
     ``Config.__setstate__`` keeps its own fields only), so upstream descends (benchmarks) again: 7 benchmarks
     in a replica that loaded the artifact, on an H100."""
-    from torch._inductor.runtime.autotune_cache import AutotuneCache
     from torch._inductor.runtime.runtime_utils import triton_config_to_hashable as hashable
 
-    cache = getattr(getattr(autotuner, "save_cache_hook", None), "__self__", None)
-    if not isinstance(cache, AutotuneCache):
+    cache = _autotune_cache(autotuner)
+    if cache is None:
         return False
     best = cache.read_best(autotuner.inductor_meta, [launcher.config])
     if not getattr(best, "found_by_coordesc", False) or hashable(best) != hashable(launcher.config):
         return False
     launcher.config.found_by_coordesc = True
     return True
+
+
+def _autotune_cache(autotuner: Any) -> Any:
+    """The ``AutotuneCache`` the kernel's best-config save hook writes to, or None."""
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
+
+    cache = getattr(getattr(autotuner, "save_cache_hook", None), "__self__", None)
+    return cache if isinstance(cache, AutotuneCache) else None
 
 
 def _quietly(what: str, step: Callable[..., None], *args: Any) -> None:
@@ -302,8 +309,8 @@ def _relocate(autotuner: Any) -> None:
     if not isinstance(autotuner.filename, str):
         return  # a template: no best-config file
     here = get_path(os.path.splitext(os.path.basename(autotuner.filename))[0], "py")[2]
-    cache = getattr(getattr(autotuner, "save_cache_hook", None), "__self__", None)
-    if here != autotuner.filename and isinstance(cache, AutotuneCache):
+    cache = _autotune_cache(autotuner)
+    if here != autotuner.filename and cache is not None:
         autotuner.save_cache_hook = (AutotuneCache.create(autotuner.inductor_meta, here, cache.configs_hash)
                                      or cache).save
     autotuner.filename = here

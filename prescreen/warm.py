@@ -309,7 +309,7 @@ def _signature(model: Any, inputs: tuple[Any, ...]) -> Signature:
 
 
 def _serves(shape_env: Any, compiled: Mapping[str, int], signature: Signature, target: Mapping[str, int],
-            signature_at: Callable[[dict[str, int]], Signature]) -> bool:
+            signature_at: Callable[..., Signature]) -> bool:
     """Whether the graph lowered at ``compiled`` is the one Dynamo would give ``target``: each moved size one
     unspecialized symbol in its range, every guard true at ``target``'s sizes, then (a model build, so last) the
     same tensors, each size equal or a named size moved to ``target``'s value."""
@@ -348,7 +348,7 @@ def _compile_point(fn: Callable[..., Any], sizes: dict[str, int], device: str, m
 
     model, inputs = build(fn, sizes, device)
     signature_at = _signature_at(fn, device)
-    signature = signature_at(sizes) if also else []
+    signature = signature_at(sizes, (model, inputs)) if also else []
     torch._dynamo.reset()
     compiled = torch.compile(model, dynamic=True, mode=mode)
     carried: list[dict[str, int]] = []
@@ -367,15 +367,15 @@ def _compile_point(fn: Callable[..., Any], sizes: dict[str, int], device: str, m
     return []
 
 
-def _signature_at(fn: Callable[..., Any], device: str) -> Callable[[dict[str, int]], Signature]:
+def _signature_at(fn: Callable[..., Any], device: str) -> Callable[..., Signature]:
     """The target's signature at some sizes, built on the meta device where it builds there (nothing allocated,
-    no weights initialized), else on ``device``."""
+    no weights initialized), else on ``device`` (or taken from ``built``, a real build at those sizes)."""
 
-    def at(sizes: dict[str, int]) -> Signature:
+    def at(sizes: dict[str, int], built: tuple[Any, tuple[Any, ...]] | None = None) -> Signature:
         try:
             return _signature(*targets.build_on_meta(fn, sizes))
         except Exception:  # a target that cannot build on the meta device is built for real
-            return _signature(*build(fn, sizes, device))
+            return _signature(*(built or build(fn, sizes, device)))
 
     return at
 
