@@ -8,6 +8,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -339,6 +340,14 @@ def _guards_hold(shape_env: Any, moved: Mapping[int, int]) -> bool:
         return False
 
 
+def _largest_first(grid: list[dict[str, int]]) -> list[dict[str, int]]:
+    """``grid`` with its point of most elements first: Inductor guards a size only where it picks 32-bit
+    indexing (``can_use_32bit_indexing``; 64-bit needs no guard), so the largest point's graph is the one most
+    likely to serve every other family, and a ``--plan-only`` warm lowers the fewest graphs from it."""
+    largest = max(reversed(grid), key=lambda p: math.prod(p.values()))
+    return [largest, *(p for p in grid if p is not largest)]
+
+
 def _compile_point(fn: Callable[..., Any], sizes: dict[str, int], device: str, mode: str,
                    plan_only: bool = False, also: list[dict[str, int]] | None = None) -> list[dict[str, int]]:
     """One fresh compile of the target at ``sizes`` (dynamo reset first, so nothing in memory answers); with
@@ -441,7 +450,7 @@ def warm_model(
                 _autotune_output_held(settings, verbose):
             if not verbose:
                 warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.")
-            left = list(grid)
+            left = _largest_first(grid) if plan_only else list(grid)
             while left:
                 sizes = left.pop(0)
                 if progress:

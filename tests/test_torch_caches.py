@@ -412,3 +412,14 @@ def test_a_cached_kernel_without_a_source_file_is_rechecked_quietly(caplog: pyte
         triton_autotune._wrap_recheck(lambda self, reload: seen.append(self.filename))(kernel, lambda: kernel)
     assert seen == [None] and kernel.filename is None
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_plan_only_warm_lowers_the_point_of_most_elements_first() -> None:
+    """Inductor guards a size only where it picks 32-bit indexing, so the largest point's graph serves the most
+    families; the other points keep their order."""
+    from prescreen.warm import _largest_first
+
+    grid = [{"b": b, "s": s} for b in (1, 8, 64) for s in (16, 128)]
+    assert _largest_first(grid) == [{"b": 64, "s": 128}, *grid[:-1]]
+    assert _largest_first([{"b": 4, "s": 2}, {"b": 2, "s": 4}]) == [{"b": 2, "s": 4}, {"b": 4, "s": 2}]
+    assert _largest_first([{}]) == [{}]
