@@ -95,11 +95,8 @@ def install(
     lazy: bool = False,
 ) -> None:
     """Activate the guards (idempotent, thread-safe); ``store``, ``device_memory``, ``ratio`` override the environment.
-
-    Each guard is applied when the module it patches is imported (now, for Inductor's, unless ``lazy``). The
-    store is opened and the library versions every key holds are read now too, not inside the first compile
-    (with ``lazy``, the ``import torch`` autoload: at the first lookup).
-    """
+    Each guard is applied when its module is imported (Inductor's now, unless ``lazy``); the store and library
+    versions are read now too, not in the first compile (``lazy``, the ``import torch`` autoload: at first use)."""
     global _active, _summary_registered
     with _lock:
         if store is not None or device_memory is not None or ratio is not None:
@@ -154,11 +151,8 @@ def installed(
     ratio: float | None = None,
     lazy: bool = False,
 ) -> Iterator[None]:
-    """Hooks active inside the block; afterwards everything is exactly as it was (overrides and store too).
-
-    ``torch.compile`` compiles at the first call, so call the compiled model
-    inside the block for the compile to be guarded.
-    """
+    """Hooks active inside the block (call the compiled model inside it: ``torch.compile`` compiles at the first
+    call); afterwards everything is exactly as it was, overrides and store included."""
     from prescreen.hooks import state
 
     with _lock:

@@ -1,10 +1,8 @@
 """AOTInductor's compile-time autotuning: one kernel's example arguments alive at a time.
 
-AOTInductor (and a GPU ``cpp_wrapper`` compile) autotunes in a generated block that by default keeps every
-kernel's example arguments alive until their last consumer, so many kernels' arguments can be alive at once
-(upstream issue 181176, >96 GB), which prescreen's per-benchmark guard cannot count. While installed, the
-guards turn on upstream's own ``aot_inductor.autotune_per_kernel_alloc`` unless the user set it; a torch
-without it (2.11) is logged.
+By default AOTInductor keeps every kernel's example arguments alive until their last consumer (upstream issue
+181176, >96 GB), which the per-benchmark guard cannot count: while installed, the guards turn on upstream's
+``aot_inductor.autotune_per_kernel_alloc`` unless the user set it (a torch without it is logged).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""``torch.compile(model, backend="prescreen", mode=..., options=...)``: Inductor with the guards installed.
-
-``mode`` and ``options`` are applied exactly as ``torch.compile`` applies them for Inductor (through the
-same ``torch._TorchCompileInductorWrapper``).
-"""
+"""``torch.compile(model, backend="prescreen", mode=..., options=...)``: Inductor with the guards installed, ``mode``
+and ``options`` applied exactly as ``torch.compile`` applies them (through ``torch._TorchCompileInductorWrapper``)."""
 
 from __future__ import annotations
 

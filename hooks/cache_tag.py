@@ -1,13 +1,10 @@
 """prescreen's budget in torch's own cache keys (``torch.compiler.config.cache_key_tag``).
 
-A guarded compile's output depends on prescreen's budget (a selection that fell back to ATen, an epilogue
-left unfused), and torch's caches (FX graph, AOTAutograd, the mega-cache) key by the graph and the tag,
-never by device memory. So while the guards are installed, each Inductor compile appends
-``prescreen-<digest>`` to the user's own tag: the digest covers what decides a fallback (budget basis,
-effective device memory, ratio, estimator and key schema versions, libraries, bucketing scheme), so a
-process with another budget compiles and decides for itself, and one without prescreen gets the user's tag
-alone. With ``PRESCREEN_BUDGET_BASIS=free`` the digest holds the basis, not the free bytes (no compile would
-ever hit): a fallback decided under memory pressure may then be reused, which costs speed, never an OOM.
+A guarded compile's output depends on the budget, and torch's caches (FX graph, AOTAutograd, mega-cache) key by
+graph and tag, never by device memory. So while the guards are installed each Inductor compile appends
+``prescreen-<digest>`` of what decides a fallback (basis, memory, ratio, versions, bucketing) to the user's tag.
+With ``PRESCREEN_BUDGET_BASIS=free`` it holds the basis, not the free bytes: a fallback decided under memory
+pressure may be reused, which costs speed, never an OOM.
 """
 
 from __future__ import annotations
@@ -114,12 +111,9 @@ def _wrap_best_config_key(original: Callable[[str], str]) -> Callable[[str], str
 def patch(module: Any) -> None:
     """Wrap ``compile_fx`` (the Inductor backend and AOTInductor's entry, before any cache key is made).
 
-    The runtime autotune cache's key (``AutotuneCache._prepare_key``) keeps the user's tag alone. Its key
-    is made where a kernel is loaded, which is a compile worker for a fresh compile (its tag is the one
-    the pool started with) and the compiling process for an FX-cache hit: with prescreen's part in one
-    and not the other, a replica would never find a best config its warm saved. Leaving prescreen's part
-    out is safe because a best config is only ever a benchmark's real winner (a runtime fallback is never
-    saved: ``triton_autotune``), which any budget may run: reading it benchmarks nothing.
+    ``AutotuneCache._prepare_key`` keeps the user's tag alone: that key is made in a compile worker (the pool's
+    tag) or, on an FX-cache hit, in this process, so a replica would otherwise miss the best configs its warm
+    saved. A best config is only ever a real winner (a fallback is never saved), which any budget may run.
     """
     current_fn = getattr(module, "compile_fx", None)
     if current_fn is None:

@@ -1,12 +1,8 @@
 """Guard Inductor's epilogue-fusion benchmark (``Scheduler.speedup_by_fusion``).
 
-Where upstream benchmarks a fusion (a multi-template node, or ``benchmark_fusion``)
-it compiles each candidate kernel and times it on arguments it synthesizes from
-the graph's size hints. The guard builds one plan per kernel straight off the
-scheduler nodes at every step (as ``TensorMeta.from_irnodes`` reads a benchmark's
-inputs), decides each with the shared estimator, budget and store, and over
-budget, or on an OOM, leaves the kernels unfused and unbenchmarked: upstream's
-own answer when fusing is not faster.
+Where upstream benchmarks a fusion (a multi-template node, or ``benchmark_fusion``), the guard builds one plan
+per candidate kernel off the scheduler nodes and decides each; over budget, or on an OOM, the kernels stay
+unfused and unbenchmarked: upstream's own answer when fusing is not faster.
 """
 
 from __future__ import annotations
@@ -44,28 +40,14 @@ def _is_benchmarked_fusion(node1: Any, node2: Any) -> bool:
     )
 
 
-def _dep_names(node: Any) -> tuple[set[str], set[str]]:
-    """Names of the buffers ``node`` reads and writes (weak ordering edges left out)."""
-    rw = node.read_writes
-    reads = {d.name for d in rw.reads if type(d).__name__ != "WeakDep"}
-    writes = {d.name for d in rw.writes if type(d).__name__ != "WeakDep"}
-    return reads, writes
-
-
 def _kernel_args(scheduler: Any, nodes: Sequence[Any]) -> tuple[list[str], set[str], set[str]]:
     """The buffers one benchmarked kernel of ``nodes`` takes, those it mutates, and those it may write in place.
 
-    As Inductor's codegen does: reads produced inside the kernel are not
-    arguments, and a write every user of which is inside the kernel is removed
-    (``Scheduler.can_buffer_be_removed_through_fusion``; kept where that method
-    is missing). A buffer one node both reads and writes is mutated in place.
-
-    In place: a pointwise/reduction kernel may write an output into the buffer
-    of an intermediate input whose every user is in the kernel, of the same size
-    and dtype (``in_out_ptr``); the argument is then mutated, so
-    ``benchmark_codegened_module`` clones it for its first call and runtime
-    autotuning may clone it again. Which pair codegen picks is decided later, so
-    every output that has such an input is counted.
+    As codegen does: reads produced inside the kernel are not arguments, a write all of whose users are inside
+    is removed (``can_buffer_be_removed_through_fusion``, where it exists), and a buffer read and written is
+    mutated. In place: a pointwise/reduction kernel may write an output into an intermediate input of the same
+    size and dtype used only inside (``in_out_ptr``), which is then cloned like a mutated one; codegen picks the
+    pair later, so every output that has such an input is counted.
     """
     from torch._inductor.virtualized import V
 
@@ -79,7 +61,9 @@ def _kernel_args(scheduler: Any, nodes: Sequence[Any]) -> tuple[list[str], set[s
     writes: set[str] = set()
     mutated: set[str] = set()
     for node in nodes:
-        r, w = _dep_names(node)
+        rw = node.read_writes  # weak ordering edges are not arguments
+        r = {d.name for d in rw.reads if type(d).__name__ != "WeakDep"}
+        w = {d.name for d in rw.writes if type(d).__name__ != "WeakDep"}
         reads |= r
         writes |= w
         mutated |= r & w
@@ -104,13 +88,8 @@ def _kernel_args(scheduler: Any, nodes: Sequence[Any]) -> tuple[list[str], set[s
 
 
 def _fusion_kernels(node1: Any, node2: Any) -> list[tuple[str, list[Any]]]:
-    """The kernels ``speedup_by_fusion`` may benchmark: each non-template node alone, and the fusion.
-
-    A template node alone is the algorithm selection, benchmarked (and guarded)
-    by ``choice_timings``; the others go through ``benchmark_fused_nodes`` and the
-    fused kernel through ``benchmark_codegened_module``, one after another, each
-    on its own synthesized arguments.
-    """
+    """The kernels ``speedup_by_fusion`` may benchmark, one after another: each non-template node alone, and the
+    fusion (a template alone is the algorithm selection, guarded there)."""
     alone = [(f"fusion:unfused{i}", [n]) for i, n in enumerate((node1, node2), 1) if not n.is_template()]
     return [*alone, ("fusion:fused", [node1, node2])]
 
@@ -131,16 +110,9 @@ def _graph_tensor(conv: _Converter, label: str, name: str) -> list[TensorArg | W
 
 
 def plans_for_fusion(scheduler: Any, node1: Any, node2: Any) -> list[KernelPlan]:
-    """One plan per kernel the epilogue-fusion step may benchmark (see ``_fusion_kernels``).
-
-    Each holds that kernel's arguments at their size hints (``get_args``
-    synthesizes every one), the flush buffer, and for each argument the kernel
-    mutates (or may write in place, ``_kernel_args``) two clones: the one
-    ``benchmark_codegened_module`` passes to its first call, and the one runtime
-    autotuning of that call may make. The kernels are benchmarked one at a time,
-    so the step's footprint is the largest of these plans, not their union; the
-    step tunes only if every plan does.
-    """
+    """One plan per kernel the epilogue-fusion step may benchmark (``_fusion_kernels``): its arguments at their
+    size hints, the flush buffer, and two clones of each argument it mutates or may write in place (the first
+    call's and runtime autotuning's). The kernels run one at a time: the step tunes only if every plan does."""
     from torch._inductor.virtualized import V
 
     device = _fusion_device(node1)
@@ -203,16 +175,9 @@ def _wrap_fusion(original: Callable[..., Any]) -> Callable[..., Any]:
             device = None
         if device is None:
             return original(self, node1, node2, *args, **kwargs)
-        try:
-            return original(self, node1, node2, *args, **kwargs)
-        except Exception as exc:
-            if not oom.is_oom(exc):
-                raise
-            info = oom.info(exc, device)
-        oom.release(device)
         # which kernel ran out is not known: every one falls back next time
-        oom.record(lambda: plans, device, info, "the epilogue-fusion benchmark", "the unfused kernels")
-        return _no_fusion()
+        return oom.retry(lambda: original(self, node1, node2, *args, **kwargs), _no_fusion, device, lambda: plans,
+                         "the epilogue-fusion benchmark", "the unfused kernels")
 
     setattr(guarded_fusion, ORIGINAL_ATTR, original)
     return guarded_fusion

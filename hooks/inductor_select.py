@@ -1,9 +1,8 @@
 """Guard Inductor's max-autotune algorithm selection (CPU and CUDA).
 
-``AlgorithmSelectorCache.__call__`` benchmarks every choice on inputs synthesized from the layouts' size
-hints. The guard builds their plan off the IR at every selection (as Inductor's ``key_of`` does) and, over
-budget, hands the selector only the ATen extern choice, which it returns unbenchmarked. ``autotune`` is
-wrapped for the OOM retry, ``lookup`` so that the retry's answer is never written as timings.
+``AlgorithmSelectorCache.__call__`` benchmarks every choice on inputs synthesized from size hints: the guard
+builds their plan off the IR (as ``key_of`` does) and, over budget, hands over only the ATen extern choice.
+``autotune`` is wrapped for the OOM retry, ``lookup`` so that the retry's answer is never written as timings.
 """
 
 from __future__ import annotations
@@ -86,13 +85,9 @@ def _grows(e: Any) -> bool:
 
 
 class _Converter:
-    """Turns IR sizes into expressions over axes named after their symbols.
-
-    A symbol's value is the upper bound of its hint's shape family (``prescreen.families``, under the
-    ShapeEnv's current range), so every hint in the bucket shares the plan and none is undercounted; an
-    expression the estimator cannot read, or not known to grow (``_grows``), is taken at the hint. One
-    converter serves one guarded step; each plan's axes are the symbols met since the last plan.
-    """
+    """Turns IR sizes into expressions over axes named after their symbols, each at its hint's shape-family bound
+    (``prescreen.families``, within the ShapeEnv's range) so no hint in the bucket is undercounted; what the
+    estimator cannot read, or is not known to grow (``_grows``), is taken at the hint. One per guarded step."""
 
     def __init__(self, sizevars: Any, scheme: families.Scheme | None = None) -> None:
         self.hint = _hint_fn(sizevars)
@@ -105,7 +100,7 @@ class _Converter:
     def _family(self, sym: Any) -> int:
         """``sym``'s value in plans (its bucket's bound, or its hint), its label recorded."""
         hint = families.retarget(self.hint(sym))
-        bucket = families.bucket_for(hint, self.scheme, *families.symbol_range(self.shape_env, sym))
+        bucket = self.scheme.bucket(hint).clamp(*families.symbol_range(self.shape_env, sym))
         if hint not in bucket or (bucket.exact and self.scheme.kind == "exact"):
             return hint
         named = families.name_for(hint)
@@ -186,11 +181,8 @@ def flush_buffer_bytes(device: Any) -> int:
         return TRITON_FLUSH_BYTES
 
 
-#: cuDNN's workspace for the ATen convolution choice, allocated through the caching
-#: allocator while that choice is benchmarked (not an input or output, so not in the
-#: plan otherwise), in copies of (input + output). Measured on an H200 (torch 2.11,
-#: fp16, bench/gpu_coverage.py): 2x (input + output) for contiguous conv2d and conv3d
-#: (cuDNN runs NHWC kernels and transposes both), 1x for channels-last conv2d.
+#: cuDNN's workspace for the ATen convolution choice, in copies of (input + output), measured on an H200 (torch
+#: 2.11, fp16, bench/gpu_coverage.py): 2x for contiguous conv2d/conv3d (NHWC kernels), 1x for channels-last.
 CONV_WORKSPACE_COPIES = {"contiguous": 2, "channels_last": 1}
 
 

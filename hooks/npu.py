@@ -1,19 +1,13 @@
 """Guard torch_npu's symbolic grouped autotune with the shared decision store.
 
-Wraps ``NPUIndexTritonKernel._disable_grouped_autotune_if_benchmark_too_large``
-(torch-npu 2.14 codegen): the decision for the plan in ``inductor_meta`` is
-looked up (computed and stored on a miss) and a fallback is applied as upstream
-applies it, through the kernel's ``_disable_grouped_autotune``. Never weaker than
-torch_npu: the budget is read from the objects the original reads, and
-prescreen's overrides can only lower it. Anything prescreen cannot mirror exactly
-(grouping code that is not torch-npu 2.14.0's, a config value upstream would
-refuse, any error) calls the original instead.
+``NPUIndexTritonKernel._disable_grouped_autotune_if_benchmark_too_large`` (torch-npu 2.14 codegen): the plan in
+``inductor_meta`` is decided (looked up, or computed and stored) and a fallback applied as upstream applies it,
+through ``_disable_grouped_autotune``. Never weaker than torch_npu: the budget is read from the objects the
+original reads, and prescreen's overrides only lower it. Anything prescreen cannot mirror exactly calls the original.
 
-Also wraps ``NPUSymbolicGroupedAutotuner._autotune_all_groups``, the grouped
-benchmark at a kernel's first call: on an out-of-memory error it stores
-``observed_oom`` under the codegen key and finishes the step with each group's
-first runnable candidate, unbenchmarked; where it cannot mirror torch-npu 2.14
-there, the error propagates as before.
+``NPUSymbolicGroupedAutotuner._autotune_all_groups`` (a kernel's first call): an out-of-memory error is stored as
+``observed_oom`` under the codegen key and the step finishes with each group's first runnable candidate,
+unbenchmarked; where that cannot be mirrored, the error propagates as before.
 """
 
 from __future__ import annotations
@@ -62,13 +56,10 @@ class Defer(Exception):
 
 # --- is the grouping code torch_npu calls the torch-npu 2.14.0 code prescreen mirrors? ---------------------
 #
-# A version says nothing about the code: Ascend's master rounds a closed bucket of a product with static axes
-# down where 2.14.0 rounds up (and drops a bucket no value reaches), while a source build of it still calls
-# itself 2.14.0 (``2.14.0+git<sha>``, or no distribution metadata at all). So the functions the guard calls
-# (read from its module globals) are prescreen's only where each mirrored definition parses to 2.14.0's syntax
-# tree (layout and comments aside), they answer a probe plan that 2.14.0 and master solve differently as 2.14.0
-# does, and an installed distribution, if any, is of the 2.14 series. The torch_npu version is part of every
-# key too, so entries made under one build are never reused under another.
+# A version says nothing about the code (Ascend's master rounds some buckets differently, and a source build
+# still calls itself 2.14.0), so the guard trusts the functions it calls only where each mirrored definition has
+# 2.14.0's syntax tree, they answer a probe plan as 2.14.0 does (master differs), and an installed distribution,
+# if any, is of the 2.14 series. The torch_npu version is in every key too.
 
 MIRRORED_RELEASE = "2.14.0"
 MIRRORED_SERIES = "2.14"
@@ -161,12 +152,8 @@ def _defined_by(obj: object, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.
 
 
 def module_digests(module: Mapping[str, Any]) -> dict[str, str]:
-    """The syntax-tree digest of each of ``MIRRORED_NAMES`` as the module's source file defines it.
-
-    Raises ``LookupError`` naming what is missing or rebound, and ``OSError``
-    where the source cannot be read (a build shipping only bytecode is not
-    checkable, so not mirrored).
-    """
+    """The syntax-tree digest of each of ``MIRRORED_NAMES`` as the module's source file defines it; ``LookupError``
+    names what is missing or rebound, ``OSError`` where the source cannot be read (then it is not mirrored)."""
     filename = getattr(getattr(module.get(ENTRY_NAMES[0]), "__code__", None), "co_filename", None)
     lines = linecache.getlines(filename) if isinstance(filename, str) else []
     if not lines:
@@ -231,10 +218,7 @@ def _code_verdict(names: Mapping[str, Any], module: Mapping[str, Any]) -> str | 
 
 
 def why_not_mirrored(names: Mapping[str, Any], version: str | None) -> str | None:
-    """None where the grouping code ``names`` (a caller's globals) calls is the code prescreen mirrors; else why not.
-
-    ``version``: the installed torch_npu distribution's (``installed_npu_version``).
-    """
+    """None where the grouping code ``names`` (a caller's globals) calls is the code prescreen mirrors; else why not."""
     if not series_allows(version):
         return f"torch_npu {version} is not a {MIRRORED_SERIES} release, whose grouped-footprint code prescreen mirrors"
     found = getattr(names.get(ENTRY_NAMES[0]), "__globals__", None)
@@ -259,11 +243,8 @@ def _check_mirrored(names: Mapping[str, Any]) -> None:
 def budget_from(config: object, torch_mod: Any, device: Any) -> Budget:
     """torch_npu's budget from its config object and ``torch`` module, lowered (never raised) by prescreen's overrides.
 
-    The ratio is the config object's (set in code, or from torch_npu's variable
-    when its config was imported), not the variable read now. An int ratio stays
-    an int: torch_npu's ``int(total_memory * ratio)`` multiplies by it exactly,
-    where ``float(ratio)`` would round a total above 2**53 bytes (up, at times).
-    A per-process memory fraction lowers the total (the safe direction).
+    The ratio is the config object's, not the variable read now; an int ratio stays an int (torch_npu's
+    ``int(total_memory * ratio)`` is exact for it). A per-process memory fraction lowers the total.
     """
     value = getattr(config, RATIO_ATTR, None)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -330,18 +311,11 @@ def _wrap(cls: type, method: str, wrapper: Callable[[Callable[..., Any]], Callab
         setattr(cls, method, wrapped)
 
 
-def _guarding(current: Callable[..., Any]) -> Callable[..., Any]:
-    def guarded(self: Any, inductor_meta: dict[str, Any], device: Any) -> None:
-        guard(self, inductor_meta, device, current)
-
-    return guarded
-
-
 def patch_class(cls: type) -> None:
     """Wrap ``cls``'s guard method (idempotent)."""
     if not callable(getattr(cls, DISABLE_METHOD, None)):
         raise AttributeError(f"{cls.__name__} has no {DISABLE_METHOD}; torch_npu layout not recognised")
-    _wrap(cls, GUARD_METHOD, _guarding)
+    _wrap(cls, GUARD_METHOD, lambda current: lambda self, meta, device: guard(self, meta, device, current))
 
 
 def unpatch_class(cls: type) -> None:
@@ -384,16 +358,10 @@ def _sequence(name: str, value: object) -> Sequence[Any]:
 
 
 def first_config_choices(autotuner: Any) -> tuple[GroupChoice, ...]:
-    """For every reachable group still without a winner, its first compiled, runnable candidate.
-
-    This is the choice torch_npu makes where it skips benchmarking
-    (``_first_compiled_candidate_entry``): a group's candidates come in the order
-    its non-grouped heuristic generates them, and launchers are matched and
-    filtered as ``_build_grouped_benchmark_entries`` does (by ``candidate_id``,
-    ``launcher.runnable``), so nothing the grouped benchmark could not have picked
-    is chosen. Nothing is allocated or launched. Raises ``Defer`` where the
-    grouping code or the autotuner's layout is not torch-npu 2.14.0's, or where a
-    group has no runnable candidate (torch_npu would fail there too).
+    """For every reachable group still without a winner, its first compiled, runnable candidate: torch_npu's own
+    choice where it skips benchmarking (``_first_compiled_candidate_entry``), launchers matched and filtered as
+    ``_build_grouped_benchmark_entries`` does. Nothing is allocated or launched. ``Defer`` where the grouping code
+    or the autotuner's layout is not torch-npu 2.14.0's, or a group has no runnable candidate.
     """
     _check_mirrored(_runtime_names(autotuner))
     plan = getattr(autotuner, "candidate_plan", None)
@@ -462,8 +430,7 @@ def _remembering(current: Callable[..., Any]) -> Callable[..., Any]:
                             "observed_oom [key %s]; no fallback in this process (%s): the error propagates as "
                             "in torch_npu", name, info[2], key, why)
                 raise
-        # The error, its traceback and the failed step's frames (the benchmark tensors, the closures
-        # holding their launch arguments) are gone once the except block ends: give the memory back.
+        # The failed step's frames (its benchmark tensors and launch closures) are gone now: give the memory back.
         oom.release(device)
         key = _record(self, device, info, name)
         setter = getattr(self, SET_WINNER_METHOD)

@@ -1,8 +1,7 @@
 """Recognise an out-of-memory error inside a guarded benchmark step, and clean up after it.
 
-An OOM is ``torch.OutOfMemoryError``, any class named ``*OutOfMemoryError`` (torch_npu's), or a
-``RuntimeError`` saying "out of memory", anywhere in the exception's cause/context chain (Triton's and
-Inductor's benchmarkers wrap it). Triton's ``OutOfResources`` is not one: upstream treats it as an invalid config.
+An OOM is any class named ``*OutOfMemoryError`` or a ``RuntimeError`` saying "out of memory", anywhere in the
+cause/context chain; Triton's ``OutOfResources`` is not one (upstream treats it as an invalid config).
 """
 
 from __future__ import annotations

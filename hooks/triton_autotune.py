@@ -64,13 +64,9 @@ def _peak_headroom() -> int | None:
 
 
 def _device_clones(autotuner: Any, named: list[tuple[str, Any]], device: Any, flush: int) -> list[tuple[str, Any]]:
-    """The mutated tensor args upstream clones on the device for the largest of its per-config benchmarks.
-
-    Without ``optimize_mem`` every one. With it, upstream clones, per config and in argument order, what
-    fits under the peak's headroom (the rest go to the host). The headroom only grows between configs (by
-    the flush buffer and the clones of the config before), so the budgets are followed to their fixed
-    point and the set with the most bytes is kept.
-    """
+    """The mutated tensor args upstream clones on the device for the largest of its per-config benchmarks: all of
+    them, or with ``optimize_mem`` those that fit, in order, under the peak's headroom, which only grows between
+    configs (flush buffer, the previous clones): followed to its fixed point, the set of most bytes is kept."""
     import torch
 
     mutated = set(getattr(autotuner, "mutated_arg_names", ()) or ())
@@ -191,11 +187,9 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _wrap_one_config(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``autotune_to_one_config`` saves its winner as the kernel's best config, keyed by the kernel's source
-    alone: a fallback saved there would run unbenchmarked in every later process, whatever its budget. While
-    the step runs, the save hook drops the save where the step fell back. A winner coordinate descent already
-    marked found (a descent that beats nothing marks its start config in place; a later autotune over those
-    configs that picks it skips descent) is saved marked: upstream saves it unmarked, and a replica descends."""
+    """``autotune_to_one_config`` saves its winner as the kernel's best config, keyed by source alone: the save
+    is dropped where the step fell back, and a winner coordinate descent marked is saved marked (upstream saves
+    it unmarked, and a replica would descend again)."""
 
     @functools.wraps(original)
     def guarded_autotune_to_one_config(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -269,10 +263,8 @@ def _wrap_coordesc(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _descended_before(autotuner: Any, launcher: Any) -> bool:
-    """Whether the autotune cache holds the launcher's config as coordinate descent's winner, and if so mark it.
-    A kernel compiled in Inductor's worker from a cached winner reaches this process unmarked (Triton's
-    ``Config.__setstate__`` keeps its own fields only), so upstream descends (benchmarks) again: 7 benchmarks
-    in a replica that loaded the artifact, on an H100."""
+    """Whether the autotune cache holds the launcher's config as coordinate descent's winner (then marked): one
+    compiled in Inductor's worker arrives unmarked (``Config.__setstate__``), and upstream would descend again."""
     from torch._inductor.runtime.runtime_utils import triton_config_to_hashable as hashable
 
     cache = _autotune_cache(autotuner)

@@ -10,28 +10,16 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-_EXPORTS: dict[str, str] = {
-    "Budget": "prescreen.budget",
-    "device_memory": "prescreen.budget",
-    "parse_memory": "prescreen.budget",
-    "resolve_ratio": "prescreen.budget",
-    "ESTIMATOR_VERSION": "prescreen.decision",
-    "Decision": "prescreen.decision",
-    "decide": "prescreen.decision",
-    "ConfigError": "prescreen.errors",
-    "NotBounded": "prescreen.errors",
-    "Reason": "prescreen.errors",
-    "Footprint": "prescreen.footprint",
-    "estimate_footprint": "prescreen.footprint",
-    "required_storage_numel": "prescreen.footprint",
-    "KernelPlan": "prescreen.plan",
-    "Representatives": "prescreen.representatives",
-    "build_representatives": "prescreen.representatives",
-    "install": "prescreen.hooks.activation",
-    "uninstall": "prescreen.hooks.activation",
-    "installed": "prescreen.hooks.activation",
-    "load": "prescreen.artifact",
-}
+_EXPORTS: dict[str, str] = {name: f"prescreen.{module}" for module, names in {
+    "budget": ("Budget", "device_memory", "parse_memory", "resolve_ratio"),
+    "decision": ("ESTIMATOR_VERSION", "Decision", "decide"),
+    "errors": ("ConfigError", "NotBounded", "Reason"),
+    "footprint": ("Footprint", "estimate_footprint", "required_storage_numel"),
+    "plan": ("KernelPlan",),
+    "representatives": ("Representatives", "build_representatives"),
+    "hooks.activation": ("install", "uninstall", "installed"),
+    "artifact": ("load",),
+}.items() for name in names}
 
 __all__ = [
     "Budget", "ConfigError", "Decision", "ESTIMATOR_VERSION", "Footprint", "KernelPlan", "NotBounded",

@@ -1,10 +1,8 @@
 """One file to deploy: torch's compile caches and prescreen's decisions, checked as a whole before either is used.
 
 ``prescreen warm ... --artifact FILE`` writes it (``save``); ``prescreen load FILE`` or ``prescreen.load(path)``
-puts both parts in place (``load``). The format and every check ``load`` makes are in docs/artifact.md: a zip of
-``manifest.json``, ``decisions.json`` (a prescreen bundle) and ``torch-caches.bin`` (torch's mega-cache, if any).
-A file that fails a check is one ``ConfigError`` and changes nothing. torch's part is compiled code (pickled
-graphs, like any model file): load only artifacts you built or trust.
+puts both parts in place (``load``); docs/artifact.md has the format and checks. A file that fails a check is one
+``ConfigError`` and changes nothing. torch's part is compiled code: load only artifacts you built or trust.
 """
 
 from __future__ import annotations

@@ -110,10 +110,8 @@ def resolve_ratio(explicit: float | str | None = None) -> float:
 
 
 def ratio_override(explicit: float | str | None = None) -> float | None:
-    """prescreen's own ratio (explicit, else ``$PRESCREEN_MAX_BENCHMARK_MEMORY_RATIO``), or None.
-
-    torch_npu's variable is ignored: where torch_npu is loaded its config object is the authority.
-    """
+    """prescreen's own ratio (explicit, else ``$PRESCREEN_MAX_BENCHMARK_MEMORY_RATIO``), or None; torch_npu's
+    variable is ignored (where torch_npu is loaded its config object is the authority)."""
     if explicit is not None:
         return parse_ratio(explicit, "--ratio")
     raw = _env(RATIO_ENV)

@@ -1,13 +1,9 @@
 """Size/stride expression trees: const, axis_name, runtime_arg_index, mul, add, floordiv.
 
-The payload form is the one torch_npu's Inductor writes into ``inductor_meta``:
-``{"const": 3}``, ``{"axis_name": "x0"}``, ``{"runtime_arg_index": 2}``,
-``{"mul": [a, b, ...]}``, ``{"add": [a, b, ...]}``, ``{"floordiv": [a, b]}``.
-A bare int is accepted as a constant.
-
-What is accepted is a subset of what torch-npu 2.14.0's ``evaluate_grouped_benchmark_expr`` accepts, read
-to the same value (a bare ``sympy.Integer`` is unsupported in both; checked against the wheel). The forms
-only torch_npu accepts (a bool, a dict with several keys, an empty ``mul``) fail closed here.
+The payload form is torch_npu's in ``inductor_meta`` (``{"const": 3}``, ``{"axis_name": "x0"}``,
+``{"runtime_arg_index": 2}``, ``{"mul": [a, ...]}``, ``{"add": [a, ...]}``, ``{"floordiv": [a, b]}``, a bare int).
+It accepts a subset of what torch-npu 2.14.0's ``evaluate_grouped_benchmark_expr`` accepts, read to the same
+value; forms only torch_npu accepts (a bool, a multi-key dict, an empty ``mul``) fail closed.
 """
 
 from __future__ import annotations
@@ -59,20 +55,13 @@ Expr = Union[Const, Axis, RuntimeArg, Mul, Add, FloorDiv]
 _NARY: dict[str, type[Mul] | type[Add]] = {"mul": Mul, "add": Add}
 
 
-def sympy_int(value: object) -> int | None:
-    """The value of a sympy Integer, else None; never imports sympy (if it is not loaded, nothing is one)."""
+def int_of(value: object, what: str, reason: Reason = Reason.UNKNOWN_EXPR) -> int:
+    """An int or a sympy Integer as an int; never imports sympy (if it is not loaded, nothing is one)."""
     loaded = sys.modules.get("sympy")
     if loaded is not None and isinstance(value, loaded.Integer):
         return int(value)
-    return None
-
-
-def _int(value: object, what: str) -> int:
-    as_int = sympy_int(value)
-    if as_int is not None:
-        return as_int
     if isinstance(value, bool) or not isinstance(value, int):
-        raise NotBounded(Reason.UNKNOWN_EXPR, f"{what} must be an int, got {value!r}")
+        raise NotBounded(reason, f"{what} must be an int, got {value!r}")
     return int(value)
 
 
@@ -84,13 +73,13 @@ def expr_from_payload(payload: object) -> Expr:
         raise NotBounded(Reason.UNKNOWN_EXPR, f"unsupported grouped benchmark expression {payload!r}")
     ((key, value),) = payload.items()
     if key == "const":
-        return Const(_int(value, "const"))
+        return Const(int_of(value, "const"))
     if key == "axis_name":
         if not isinstance(value, str) or not value:
             raise NotBounded(Reason.UNKNOWN_EXPR, f"axis_name must be a name, got {value!r}")
         return Axis(value)
     if key == "runtime_arg_index":
-        return RuntimeArg(_int(value, "runtime_arg_index"))
+        return RuntimeArg(int_of(value, "runtime_arg_index"))
     if key in _NARY:
         if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value:
             raise NotBounded(Reason.UNKNOWN_EXPR, f"{key} needs a non-empty operand list, got {value!r}")
@@ -149,27 +138,8 @@ def evaluate(expr: Expr, env: Mapping[str, int]) -> int:
     raise NotBounded(Reason.UNKNOWN_EXPR, f"unsupported expression node {expr!r}")
 
 
-def free_axes(expr: Expr) -> frozenset[str]:
-    """Axis names ``expr`` refers to."""
-    if isinstance(expr, Axis):
-        return frozenset((expr.name,))
-    if isinstance(expr, (Mul, Add)):
-        return frozenset().union(*(free_axes(e) for e in expr.operands))
-    if isinstance(expr, FloorDiv):
-        return free_axes(expr.numerator) | free_axes(expr.denominator)
-    return frozenset()
-
-
-def expr_from_sympy(
-    expr: sympy.Expr | int,
-    axis_names: Mapping[sympy.Symbol | str, str] | None = None,
-    runtime_args: Mapping[sympy.Symbol | str, int] | None = None,
-) -> Expr:
-    """Convert a sympy expression over named axes into an expression tree; ``Mod``, ``Max``, rationals... raise.
-
-    ``axis_names`` maps a symbol (or its name) to its axis (default: an axis of its own name);
-    ``runtime_args`` maps symbols bound only at run time to their argument index.
-    """
+def expr_from_sympy(expr: sympy.Expr | int) -> Expr:
+    """A sympy expression as a tree, each symbol an axis of its name (``Mod``, ``Max``, rationals... raise)."""
     import sympy
 
     if isinstance(expr, bool):
@@ -179,36 +149,23 @@ def expr_from_sympy(
     if isinstance(expr, sympy.Integer):
         return Const(int(expr))
     if isinstance(expr, sympy.Symbol):
-        for table, build in ((runtime_args, RuntimeArg), (axis_names, Axis)):
-            if table is not None:
-                for key in (expr, expr.name):
-                    if key in table:
-                        return build(table[key])  # type: ignore[arg-type]
-        if axis_names is None:
-            return Axis(expr.name)
-        raise NotBounded(Reason.MISSING_AXIS, f"symbol {expr.name} is not a known axis")
+        return Axis(expr.name)
     if isinstance(expr, sympy.Add):
-        return Add(tuple(expr_from_sympy(a, axis_names, runtime_args) for a in expr.args))
+        return Add(tuple(expr_from_sympy(a) for a in expr.args))
     if isinstance(expr, sympy.Mul):
-        return Mul(tuple(expr_from_sympy(a, axis_names, runtime_args) for a in expr.args))
+        return Mul(tuple(expr_from_sympy(a) for a in expr.args))
     if isinstance(expr, sympy.Pow):
         base, exp = expr.args
         if isinstance(exp, sympy.Integer) and int(exp) >= 1:
-            term = expr_from_sympy(base, axis_names, runtime_args)
+            term = expr_from_sympy(base)
             return Mul(tuple(term for _ in range(int(exp))))
         raise NotBounded(Reason.UNKNOWN_EXPR, f"unsupported power {expr}")
     # torch.utils._sympy.functions.FloorDiv and its exact-division subclass CleanDiv.
     if any(cls.__name__ == "FloorDiv" for cls in type(expr).__mro__) and len(expr.args) == 2:
         num, den = expr.args
-        return FloorDiv(
-            expr_from_sympy(num, axis_names, runtime_args),
-            expr_from_sympy(den, axis_names, runtime_args),
-        )
+        return FloorDiv(expr_from_sympy(num), expr_from_sympy(den))
     if isinstance(expr, sympy.floor) and isinstance(expr.args[0], sympy.Mul):
         num, den = sympy.fraction(expr.args[0])
         if den != 1:
-            return FloorDiv(
-                expr_from_sympy(num, axis_names, runtime_args),
-                expr_from_sympy(den, axis_names, runtime_args),
-            )
+            return FloorDiv(expr_from_sympy(num), expr_from_sympy(den))
     raise NotBounded(Reason.UNKNOWN_EXPR, f"unsupported sympy node {type(expr).__name__}: {expr}")

@@ -135,11 +135,6 @@ def _warn_once(message: str) -> None:
     log.warning("prescreen: %s; using %s buckets", message, DEFAULT_SCHEME)
 
 
-def bucket_for(hint: int, scheme: Scheme, lower: int | None = None, upper: int | None = None) -> Bucket:
-    """``hint``'s bucket under ``scheme``, clamped to the symbol's value range ``[lower, upper]``."""
-    return scheme.bucket(hint).clamp(lower, upper)
-
-
 def _as_int(value: object) -> int | None:
     """A finite whole number (int or sympy Integer), else None (``int_oo``, ``oo``, anything else)."""
     if isinstance(value, int):
@@ -235,9 +230,6 @@ def retarget(hint: int) -> int:
 
 
 def point_of(bucket: Bucket, index: int = 0) -> int:
-    """The size ``warm`` compiles a bucket at, for its ``index``-th shape: any size in it gives the same key.
-
-    ``high - 1 - index``, not the power-of-two bound: Dynamo's duck sizing would merge a size equal to a
-    model dim (a batch of 64 beside 64 features) with it, and ``index`` keeps one compile's shapes apart.
-    """
+    """The size ``warm`` compiles a bucket at for its ``index``-th shape (any size in it gives the same key):
+    not the bound, which Dynamo's duck sizing could merge with an equal model dim; ``index`` keeps shapes apart."""
     return max(bucket.high - 1 - index, bucket.low + 1)

@@ -350,11 +350,8 @@ def _raise_first_failure(args: list[TensorArg | WorkspaceArg], env: Mapping[str,
 
 
 class _Distinct:
-    """Arguments by distinct expressions: several buffers of one shape share one evaluation.
-
-    ``keys[i]`` numbers argument ``i``'s distinct expressions, ``new`` lists the arguments that bring a new
-    key; both stop before the first argument of unknown dtype (``failed``: it fails in every group).
-    """
+    """Arguments by distinct expressions (several buffers of one shape share one evaluation): ``keys[i]`` numbers
+    argument ``i``'s, ``new`` lists those that bring a new key; both stop at an unknown dtype (``failed``)."""
 
     def __init__(self, args: list[TensorArg | WorkspaceArg]) -> None:
         self.args = args
@@ -408,11 +405,8 @@ class _Distinct:
 
 
 def estimate_footprint(plan: KernelPlan, reps: Representatives) -> Footprint:
-    """Estimate the bytes the grouped autotune benchmark synthesizes; fails closed.
-
-    Exactly ``reference_footprint``'s result or error, ties included: that loop up to ``LOOP_MAX`` group x
-    argument evaluations, numpy above (where its fixed cost pays).
-    """
+    """Estimate the bytes the grouped autotune benchmark synthesizes; fails closed. Exactly ``reference_footprint``'s
+    result or error, ties included: that loop up to ``LOOP_MAX`` group x argument evaluations, numpy above."""
     args = _benchmark_args(plan)
     if len(reps.grid) * len(args) <= LOOP_MAX:
         return reference_footprint(plan, reps)

@@ -70,8 +70,7 @@ _FAMILY_FIELDS = ("group_features", "axis_names", "axis_static_values")
 
 
 def plan_hashes(plan: KernelPlan) -> tuple[str, str]:
-    """``(plan hash, family hash)``: sha256 of the canonical plan payload (``plan.plan_hash()``) and of its
-    shape-family fields."""
+    """``(plan hash, family hash)``: sha256 of the canonical plan payload and of its shape-family fields."""
     canonical = plan.canonical_payload()
     return _sha(canonical), _sha({k: canonical[k] for k in _FAMILY_FIELDS})
 

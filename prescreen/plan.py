@@ -8,16 +8,17 @@ and ``mutated_arg_names`` (plus ``kernel_name``, which is kept but not hashed).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
+import functools
 import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal, TypeVar, Union, get_args
 
 from prescreen.errors import NotBounded, Reason
-from prescreen.expr import Expr, expr_from_payload, expr_to_payload, sympy_int
+from prescreen.expr import Expr, expr_from_payload, expr_to_payload, int_of
 
 T = TypeVar("T")
+_int = functools.partial(int_of, reason=Reason.INVALID_PLAN)
 FeatureSource = Literal["primary_axis", "outer_product", "reduction_product", "axis"]
 FEATURE_SOURCES: tuple[str, ...] = get_args(FeatureSource)
 
@@ -55,15 +56,6 @@ def _str(value: object, field: str) -> str:
     if not isinstance(value, str):
         raise _bad(f"{field} must be a string, got {value!r}")
     return value
-
-
-def _int(value: object, field: str) -> int:
-    as_int = sympy_int(value)
-    if as_int is not None:
-        return as_int
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _bad(f"{field} must be an int, got {value!r}")
-    return int(value)
 
 
 def _pairs(value: object, field: str, second: Callable[[object, str], T]) -> tuple[tuple[str, T], ...]:
@@ -272,21 +264,14 @@ class KernelPlan:
         return payload
 
     def canonical_payload(self) -> dict[str, object]:
-        """The hashed part: no kernel name, static values and mutated names sorted.
-
-        A repeated static axis keeps its last value (what the estimator uses), so
-        reordering duplicates cannot give two different plans one hash.
-        """
+        """The hashed part: no kernel name or labels, static values (a repeated axis keeps its last value, as the
+        estimator does) and mutated names sorted."""
         payload = self.to_payload()
         del payload["kernel_name"]
         payload.pop("axis_labels", None)
         payload["axis_static_values"] = [[n, v] for n, v in sorted(dict(self.axis_static_values).items())]
         payload["mutated_arg_names"] = sorted(set(self.mutated_arg_names))
         return payload
-
-    def plan_hash(self) -> str:
-        """sha256 of the canonical JSON; independent of dict order and kernel name."""
-        return hashlib.sha256(canonical_json(self.canonical_payload()).encode()).hexdigest()
 
     @property
     def display_name(self) -> str:

@@ -41,12 +41,9 @@ class FeatureChoices:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class GroupGrid:
-    """The reachable groups of a plan as the product of each feature's reachable buckets.
-
-    A group is reachable exactly when each of its features' buckets is, so group ``i`` in ascending-id
-    order is the mixed-radix number of its features' choices (feature 0 varying fastest): numpy's C order
-    over ``shape``. Groups are built when asked for: the numpy estimator reads the grid itself.
-    """
+    """The reachable groups of a plan as the product of each feature's reachable buckets: group ``i`` in
+    ascending-id order is the mixed-radix number of its features' choices (feature 0 fastest), numpy's C order
+    over ``shape``. Groups are built when asked for."""
 
     features: tuple[FeatureChoices, ...]
     axis_names: tuple[str, ...]
@@ -174,12 +171,8 @@ def _feature_representative(
 
 
 def build_representatives(plan: KernelPlan) -> Representatives:
-    """Enumerate every group of ``plan`` and pick each reachable one's representative.
-
-    A feature's representative depends only on its own bucket, so it is computed once per bucket. The error
-    raised is the one a per-group loop meets first: a feature that cannot be represented fails in every
-    bucket alike, and every feature reaches some bucket, so that loop first meets the first such feature.
-    """
+    """Enumerate every group of ``plan`` and pick each reachable one's representative (once per feature bucket).
+    The error raised is the one a per-group loop meets first: the first feature that cannot be represented."""
     features = plan.group_features
     seen: set[str] = set()
     for feature in features:

@@ -24,8 +24,7 @@ from prescreen.store.entry import Entry, outranks
 
 log = logging.getLogger("prescreen")
 
-#: How long ``record_observed_oom`` keeps trying to write a fact through a locked or failing store (the disk
-#: store's own put also waits through a lock, ``DiskStore.write_wait``).
+#: How long ``record_observed_oom`` keeps trying to write a fact through a locked or failing store.
 FACT_WAIT_SECONDS = 5.0
 #: How often a fact this process could not write is tried again, at a lookup (and once more at exit).
 FACT_RETRY_SECONDS = 30.0
@@ -63,12 +62,8 @@ class Outcome:
 
 
 def lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, *, write: bool = True) -> Outcome:
-    """The decision for ``plan`` under ``budget``: from ``store`` on a hit, else computed and stored.
-
-    Every lookup reads the store, so a fact another process records is served at once. A computed decision
-    is only ever added (``Store.put`` keeps a stricter entry), and a put that loses to a fact answers with it.
-    A fact this process holds unwritten (``record_observed_oom``) answers its key, whatever the store.
-    """
+    """The decision for ``plan`` under ``budget``: a fact this process holds, else ``store``'s entry, else computed
+    and added (a put that loses to a stricter entry answers with it). Every lookup reads the store."""
     start = time.perf_counter()
     try:
         with _gil_handed_back_promptly():
@@ -80,10 +75,8 @@ def lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, *, w
     return _observed(outcome, plan) if OBSERVERS else outcome
 
 
-#: The interpreter's switch interval while a lookup runs (None: left alone). A lookup's SQLite statements and
-#: file locks release the GIL, and where other threads of the compile are busy (Inductor compiles choices in
-#: threads) taking it back waits out the default 5 ms each time: 15 ms for two epilogue-fusion steps read from
-#: a warm store, 55 ms decided into a cold one, on an H100 (``bench/bench_runtime_step.py`` shows the effect).
+#: The interpreter's switch interval while a lookup runs (None: left alone): a lookup's I/O releases the GIL,
+#: and taking it back from busy compile threads waits 5 ms each time (``bench/bench_runtime_step.py``).
 LOOKUP_SWITCH_INTERVAL: float | None = 1e-4
 _switching: list[float] = [0, 0.0]  # lookups running, the interval they found
 
@@ -191,11 +184,8 @@ def observed_oom_decision(
     host: str | None = None,
     when: float | None = None,
 ) -> Decision:
-    """``computed`` turned into the fallback a real out-of-memory error proved right.
-
-    The estimator's numbers stay; the reason starts with ``observed_oom`` and carries the bytes requested
-    and free at that moment, the estimate, host and time.
-    """
+    """``computed`` as the fallback a real OOM proved right: the numbers stay; the reason starts ``observed_oom``
+    with the bytes requested and free, the estimate, host and time."""
     stamp = datetime.datetime.fromtimestamp(time.time() if when is None else when, datetime.timezone.utc)
     fields = {
         "requested_bytes": "unknown" if requested_bytes is None else str(requested_bytes),
@@ -220,12 +210,9 @@ def record_observed_oom(
     free_bytes: int | None,
     error: str = "",
 ) -> Outcome:
-    """Store the fact that ``plan``'s benchmark ran out of memory under ``budget``, before returning.
-
-    It goes under the key a lookup uses and outranks a computed ``tune`` there (``Store.put``). The write is
-    retried with backoff for ``FACT_WAIT_SECONDS``; a fact still unwritten is held in this process (its lookups
-    fall back) and retried every ``FACT_RETRY_SECONDS`` and at exit, with one warning.
-    """
+    """Store the fact that ``plan``'s benchmark ran out of memory under ``budget``, under its lookup key (it
+    outranks a computed ``tune``), retried for ``FACT_WAIT_SECONDS``; one still unwritten is held in this process
+    (its lookups fall back) and retried every ``FACT_RETRY_SECONDS`` and at exit, with one warning."""
     key, parts = build_key(plan, budget)
     computed, reps = decide_with_representatives(plan, budget)
     decision = observed_oom_decision(plan, computed, requested_bytes=requested_bytes, free_bytes=free_bytes,

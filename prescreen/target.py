@@ -93,11 +93,8 @@ _ITEM_START = re.compile(r",\s*(?=[A-Za-z_][A-Za-z0-9_.]*\s*=)")
 
 
 def split_inductor_config(value: str | list[str] | Mapping[str, object]) -> tuple[str, ...]:
-    """``KEY=VALUE`` items from a spec's ``inductor_config``: a table, a list of items, or one string.
-
-    A string may hold several items separated by commas (``"freezing=True, max_autotune=True"``);
-    a comma inside a value (``max_autotune_gemm_backends=ATEN,TRITON``) stays part of that value.
-    """
+    """``KEY=VALUE`` items from a spec's ``inductor_config``: a table, a list of items, or one string of items
+    separated by commas (a comma inside a value, ``max_autotune_gemm_backends=ATEN,TRITON``, stays in it)."""
     if isinstance(value, str):
         return tuple(item.strip() for item in _ITEM_START.split(value) if item.strip())
     if isinstance(value, Mapping):

@@ -134,12 +134,8 @@ def _record(outcome: Outcome, plan: KernelPlan, sizes: Mapping[str, int]) -> Rec
 
 
 def select_points(shapes: tuple[ShapeRange, ...], points: int | None = None) -> list[dict[str, int]]:
-    """The sizes ``warm`` compiles at, every combination over the shapes (one ``{}`` without shapes).
-
-    By default one size per shape family (``prescreen.families`` bucket) each range reaches, so the compiles
-    cover every size in it; ``points`` (and ``$PRESCREEN_SHAPE_BUCKETS=exact``: 2) spreads that many sizes
-    geometrically over each range instead.
-    """
+    """The sizes ``warm`` compiles at, every combination over the shapes (one ``{}`` without shapes): one size per
+    shape family each range reaches, or ``points`` (``exact`` buckets: 2) spread geometrically over each range."""
     if not shapes:
         return [{}]
     scheme = families.scheme_from_env()
@@ -408,12 +404,10 @@ def warm_model(
 ) -> WarmReport:
     """Compile ``target`` once per shape point (fresh each time) with the hooks on (docs/torch-caches.md).
 
-    torch's caches keep their defaults, so the warm fills them for deployment too. Their keys hold no size
-    hints, so a compile they answered decided nothing: it is lowered once more with them bypassed
-    (``cache_answered``). ``plan_only`` benchmarks nothing and stops each compile before code generation
-    (torch's caches off; runtime autotuning, decided at a kernel's first call, is not covered). ``artifact``
-    writes torch's mega-cache and the decisions this warm saw to one file. A failing target or compile is a
-    ``ConfigError`` naming the sizes and the cause.
+    torch's caches keep their defaults (the warm fills them for deployment); a compile they answered decided
+    nothing, so it is lowered again with them bypassed. ``plan_only`` benchmarks nothing and stops before code
+    generation; ``artifact`` writes torch's mega-cache and these decisions to one file. A failing target or
+    compile is a ``ConfigError`` naming the sizes and the cause.
     """
     from torch._inductor import config as inductor_settings
 

@@ -338,3 +338,16 @@ def plan_payloads(
 ) -> st.SearchStrategy[dict[str, object]]:
     """Just the payloads of ``plan_cases``."""
     return plan_cases(fail_closed=fail_closed, max_groups=max_groups, extra_keys=extra_keys).map(lambda c: c.payload)
+
+
+def free_axes(expr: object) -> frozenset[str]:
+    """Axis names a ``prescreen.expr`` tree refers to."""
+    from prescreen.expr import Add, Axis, FloorDiv, Mul
+
+    if isinstance(expr, Axis):
+        return frozenset((expr.name,))
+    if isinstance(expr, (Mul, Add)):
+        return frozenset().union(*(free_axes(e) for e in expr.operands))
+    if isinstance(expr, FloorDiv):
+        return free_axes(expr.numerator) | free_axes(expr.denominator)
+    return frozenset()

@@ -6,7 +6,7 @@ import pytest
 import sympy
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import AXIS_POOL, expr_payloads
+from strategies import AXIS_POOL, expr_payloads, free_axes
 from torch.utils._sympy.functions import CleanDiv
 from torch.utils._sympy.functions import FloorDiv as TorchFloorDiv
 
@@ -22,7 +22,6 @@ from prescreen.expr import (
     expr_from_payload,
     expr_from_sympy,
     expr_to_payload,
-    free_axes,
 )
 
 S0, S1, S2 = sympy.symbols("s0 s1 s2", integer=True, positive=True)
@@ -179,17 +178,6 @@ def test_from_sympy(expr: sympy.Expr, env: dict[str, int], expected: int) -> Non
 
 def test_clean_div_is_kept() -> None:
     assert type(CleanDiv(S0 * 4, 3)).__name__ == "CleanDiv"
-
-
-def test_from_sympy_maps_symbols() -> None:
-    tree = expr_from_sympy(S0 * S1, axis_names={S0: "x0"}, runtime_args={"s1": 3})
-    assert set(tree.operands) == {Axis("x0"), RuntimeArg(3)}  # type: ignore[union-attr]
-    with pytest.raises(NotBounded) as info:
-        evaluate(tree, {"x0": 2})
-    assert info.value.reason is Reason.RUNTIME_DEPENDENT
-    with pytest.raises(NotBounded) as info:
-        expr_from_sympy(S0 + S2, axis_names={"s0": "x0"})
-    assert info.value.reason is Reason.MISSING_AXIS
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from prescreen import families
 from prescreen.errors import ConfigError
-from prescreen.families import Bucket, Scheme, bucket_for, parse_scheme
+from prescreen.families import Bucket, Scheme, parse_scheme
 from prescreen.target import ShapeRange
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,7 +100,7 @@ def test_scheme_from_env_and_a_bad_env_warns_and_uses_the_default(monkeypatch: p
 @given(schemes, hints, st.integers(min_value=0, max_value=2**20), st.integers(min_value=0, max_value=2**20))
 def test_clamped_bucket_stays_in_range_and_holds_the_hint(scheme: Scheme, hint: int, below: int, above: int) -> None:
     lower, upper = max(hint - below, 1), hint + above
-    bucket = bucket_for(hint, scheme, lower, upper)
+    bucket = scheme.bucket(hint).clamp(lower, upper)
     assert hint in bucket
     assert bucket.high <= upper and bucket.low >= lower - 1
     assert bucket.high <= scheme.bucket(hint).high  # clamping only tightens
@@ -108,10 +108,10 @@ def test_clamped_bucket_stays_in_range_and_holds_the_hint(scheme: Scheme, hint: 
 
 def test_clamp_examples() -> None:
     pow2 = Scheme("pow2")
-    assert bucket_for(3000, pow2, 2, 3000) == Bucket(2048, 3000)  # mark_dynamic(max=3000)
-    assert bucket_for(2, pow2, 2, None) == Bucket(1, 2)  # Dynamo's >= 2
-    assert bucket_for(150, pow2, 100, None) == Bucket(128, 256)  # a lower bound below the bucket: no change
-    assert bucket_for(64, pow2, 64, 64) == Bucket(63, 64)  # a specialized symbol: exact
+    assert pow2.bucket(3000).clamp(2, 3000) == Bucket(2048, 3000)  # mark_dynamic(max=3000)
+    assert pow2.bucket(2).clamp(2, None) == Bucket(1, 2)  # Dynamo's >= 2
+    assert pow2.bucket(150).clamp(100, None) == Bucket(128, 256)  # a lower bound below the bucket: no change
+    assert pow2.bucket(64).clamp(64, 64) == Bucket(63, 64)  # a specialized symbol: exact
     assert Bucket(2048, 4096).clamp(5000, None) == Bucket(2048, 4096)  # nothing left: unclamped
 
 
@@ -153,7 +153,7 @@ def test_symbol_range_reads_a_real_shape_env() -> None:
     assert families.symbol_range(env, sym) == (2, None)  # int_oo above: unbounded
     env.constrain_symbol_range(sym, compiler_min=2, compiler_max=3500)
     assert families.symbol_range(env, sym) == (2, 3500)
-    assert bucket_for(3000, Scheme("pow2"), *families.symbol_range(env, sym)) == Bucket(2048, 3500)
+    assert Scheme("pow2").bucket(3000).clamp(*families.symbol_range(env, sym)) == Bucket(2048, 3500)
 
 
 # ---------------------------------------------------------------- warm's points and names
@@ -214,13 +214,14 @@ def test_module_imports_no_torch() -> None:
 
 def test_axis_labels_are_kept_but_not_hashed() -> None:
     from prescreen.expr import Axis
+    from prescreen.key import plan_hashes
     from prescreen.plan import KernelPlan, TensorArg
 
     arg = TensorArg("x", "buffer", (Axis("s0"), ), (Axis("s0"),), "torch.float32", "cpu")
     plain = KernelPlan((), ("s0",), (("s0", 4096),), (arg,), kernel_name="select:mm")
     labelled = KernelPlan((), ("s0",), (("s0", 4096),), (arg,), kernel_name="select:mm",
                           axis_labels=(("s0", "batch in (2048, 4096]"),))
-    assert labelled.plan_hash() == plain.plan_hash()
+    assert plan_hashes(labelled)[0] == plan_hashes(plain)[0]
     assert "axis_labels" not in plain.to_payload()
     assert KernelPlan.from_payload(labelled.to_payload()) == labelled
     bad = dict(labelled.to_payload(), axis_labels=[["s0"]])

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 import sympy
 import torch
+from strategies import free_axes
 
 from prescreen.decision import is_observed_oom
-from prescreen.expr import Const, free_axes
+from prescreen.expr import Const
 from prescreen.hooks import inductor_fusion as fus
 from prescreen.hooks import inductor_select as sel
 from prescreen.hooks import state

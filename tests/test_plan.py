@@ -14,6 +14,7 @@ from strategies import plan_payloads, upstream_meta
 
 from prescreen.errors import NotBounded, Reason
 from prescreen.expr import Axis, Const, Mul
+from prescreen.key import plan_hashes
 from prescreen.plan import GroupFeature, KernelPlan, SizeArg, TensorArg, WorkspaceArg
 
 PLAN_KEYS = ("kernel_name", "group_features", "axis_names", "axis_static_values", "ordered_arg_specs", "mutated_arg_names")
@@ -177,7 +178,7 @@ def test_round_trip(meta: dict[str, object]) -> None:
 @settings(max_examples=100, deadline=None)
 @given(plan_payloads(), st.randoms(use_true_random=False))
 def test_hash_ignores_key_order_name_and_static_order(meta: dict[str, object], rng: random.Random) -> None:
-    base = KernelPlan.from_payload(meta).plan_hash()
+    base = plan_hashes(KernelPlan.from_payload(meta))[0]
     other = shuffled(copy.deepcopy(meta), rng)
     statics = list(other["axis_static_values"])  # type: ignore[index, call-overload]
     rng.shuffle(statics)
@@ -186,7 +187,7 @@ def test_hash_ignores_key_order_name_and_static_order(meta: dict[str, object], r
     rng.shuffle(mutated)
     other["mutated_arg_names"] = mutated + mutated[:1]  # type: ignore[index]
     other["kernel_name"] = "some_other_name"  # type: ignore[index]
-    assert KernelPlan.from_payload(other).plan_hash() == base  # type: ignore[arg-type]
+    assert plan_hashes(KernelPlan.from_payload(other))[0] == base  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -205,7 +206,7 @@ def test_hash_depends_on_content(edit: object) -> None:
     meta = upstream_meta()
     changed = copy.deepcopy(meta)
     edit(changed)  # type: ignore[operator]
-    assert KernelPlan.from_payload(changed).plan_hash() != KernelPlan.from_payload(meta).plan_hash()
+    assert plan_hashes(KernelPlan.from_payload(changed))[0] != plan_hashes(KernelPlan.from_payload(meta))[0]
 
 
 def test_hash_of_repeated_static_axis_follows_the_value_used() -> None:
@@ -215,7 +216,7 @@ def test_hash_of_repeated_static_axis_follows_the_value_used() -> None:
     meta["axis_names"] = ["x0", "r0"]
 
     def plan_hash(statics: list[list[object]]) -> str:
-        return KernelPlan.from_payload({**meta, "axis_static_values": statics}).plan_hash()
+        return plan_hashes(KernelPlan.from_payload({**meta, "axis_static_values": statics}))[0]
 
     assert plan_hash([["r0", 5], ["r0", 3]]) == plan_hash([["r0", 3]])
     assert plan_hash([["r0", 5], ["r0", 3]]) != plan_hash([["r0", 3], ["r0", 5]])
@@ -226,5 +227,5 @@ def test_bare_int_and_dtype_object_normalise_in_hash() -> None:
     other = copy.deepcopy(meta)
     other["ordered_arg_specs"][1]["stride_exprs"] = (10, 1)  # type: ignore[index]
     other["ordered_arg_specs"][1]["dtype"] = torch.float16  # type: ignore[index]
-    assert KernelPlan.from_payload(other).plan_hash() == KernelPlan.from_payload(meta).plan_hash()
-    assert len(KernelPlan.from_payload(meta).plan_hash()) == 64
+    assert plan_hashes(KernelPlan.from_payload(other))[0] == plan_hashes(KernelPlan.from_payload(meta))[0]
+    assert len(plan_hashes(KernelPlan.from_payload(meta))[0]) == 64

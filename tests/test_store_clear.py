@@ -12,7 +12,14 @@ from prescreen.budget import Budget
 from prescreen.errors import ConfigError
 from prescreen.service import lookup_or_decide
 from prescreen.store import DiskStore
-from prescreen.store.clear import build_predicate, match_device, match_kernel, match_key_prefix, parse_duration
+from prescreen.store.clear import (
+    Predicate,
+    build_predicate,
+    match_device,
+    match_kernel,
+    match_key_prefix,
+    parse_duration,
+)
 from prescreen.store.entry import Entry
 
 NOW = 1_800_000_000.0
@@ -84,13 +91,18 @@ def test_bad_filters() -> None:
         build_predicate(older_than="soon")
 
 
-def test_remove_where_on_a_disk_store(tmp_path: Path) -> None:
+def test_delete_selected_on_a_disk_store(tmp_path: Path) -> None:
+    def remove_where(store: DiskStore, predicate: Predicate) -> list[Entry]:
+        doomed = [e for e in store.entries() if predicate(e)]
+        store.delete([e.key for e in doomed])
+        return doomed
+
     with DiskStore(tmp_path / "c") as store:
         es = entries()
         for e in es:
             assert store.put(e)
-        removed = store.remove_where(build_predicate(older_than="90m", now=NOW))
+        removed = remove_where(store, build_predicate(older_than="90m", now=NOW))
         assert sorted(e.key for e in removed) == sorted(e.key for e in es[2:4])
         assert sorted(store.keys()) == sorted(e.key for e in (es[0], es[1], es[4]))
-        assert [e.key for e in store.remove_where(build_predicate(device="cuda"))] == [es[4].key]
+        assert [e.key for e in remove_where(store, build_predicate(device="cuda"))] == [es[4].key]
         assert sorted(store.keys()) == sorted(e.key for e in es[:2])

@@ -69,7 +69,7 @@ def hostile(request: pytest.FixtureRequest) -> tuple[str, str]:
 def every_read_path(
     store: Store, key: str, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
-    """get, lookup_or_decide, entries, stats, export, remove_where, import: misses, never exceptions; the
+    """get, lookup_or_decide, entries, stats, export, delete, import: misses, never exceptions; the
     fresh decision then replaces the hostile value."""
     plan = make_plan(SEED)
     with caplog.at_level(logging.WARNING, logger="prescreen.store"):
@@ -77,7 +77,7 @@ def every_read_path(
         assert list(store.entries()) == []
         store.stats()
         assert export_bundle(store, tmp_path / "out.json") == 0
-        assert store.remove_where(lambda e: "fused" in e.kernel) == []
+        assert store.delete([e.key for e in store.entries() if "fused" in e.kernel]) == 0
         outcome = lookup_or_decide(plan, BUDGET, store)
     assert outcome.decision == decide(plan, BUDGET) and not outcome.hit
     assert len(warnings_of(caplog)) == 1, warnings_of(caplog)

@@ -1,8 +1,7 @@
 """The prescreen command: warm, inspect, report, clear, stats, export, import, load.
 
-Only ``warm`` of a model and ``load`` of an artifact import torch; the other commands, ``--help`` and every
-argument error cost the standard library, click and the store. Bad input raises a ConfigError (or is one of
-click's usage errors); :class:`PrescreenGroup` prints either as one ``error:`` line and exits 2.
+Only ``warm`` of a model and ``load`` import torch. Bad input raises a ConfigError (or a click usage error), which
+:class:`PrescreenGroup` prints as one ``error:`` line, exit status 2.
 """
 
 from __future__ import annotations

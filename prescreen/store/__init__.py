@@ -23,8 +23,7 @@ from prescreen.store.trust import default_cache_dir, resolve_size_limit
 if TYPE_CHECKING:
     from prescreen.store.redis_store import RedisStore
 
-# redis-py costs ~80 ms to import: ``RedisStore`` is loaded on first use (a Redis URL configured,
-# or the name imported), never by ``import prescreen.store``.
+# redis-py costs ~80 ms to import: ``RedisStore`` loads on first use, never with ``import prescreen.store``.
 REDIS_URL_ENV = "PRESCREEN_REDIS_URL"  # the same name as prescreen.store.redis_store.REDIS_URL_ENV
 
 
@@ -41,23 +40,9 @@ _OFF = frozenset({"0", "off", "false", "no", "disabled"})
 _ON = frozenset({"", "1", "on", "true", "yes"})
 
 __all__ = [
-    "CACHE_ENV",
-    "LOCAL_TIER_ENV",
-    "REDIS_URL_ENV",
-    "DiskStore",
-    "Entry",
-    "InvalidEntry",
-    "NullStore",
-    "RedisStore",
-    "Store",
-    "StoreStats",
-    "TieredStore",
-    "default_cache_dir",
-    "export_bundle",
-    "import_bundle",
-    "open_store",
-    "resolve_size_limit",
-    "verify_entry",
+    "CACHE_ENV", "LOCAL_TIER_ENV", "REDIS_URL_ENV", "DiskStore", "Entry", "InvalidEntry", "NullStore", "RedisStore",
+    "Store", "StoreStats", "TieredStore", "default_cache_dir", "export_bundle", "import_bundle", "open_store",
+    "resolve_size_limit", "verify_entry",
 ]
 
 

@@ -6,7 +6,7 @@ import abc
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TypeVar
 
 from prescreen.store.entry import Entry, InvalidEntry, UnsignedEntry, read_stored
@@ -51,10 +51,6 @@ class Store(abc.ABC):
         self.misses = 0
         # With a secret (argument, PRESCREEN_SIGNING_KEY or _FILE), entries are signed on put and checked on read.
         self.signer = signer if signer is not None else signer_from_env()
-
-    def add_hits(self, n: int) -> None:
-        """Count ``n`` more reads that found a valid entry."""
-        self.hits += n
 
     def _first(self, what: str) -> bool:
         """True the first time this kind of fault is seen by this store."""
@@ -122,15 +118,11 @@ class Store(abc.ABC):
     def stats(self) -> StoreStats:
         """Counts, size and health."""
 
-    def remove_where(self, predicate: Callable[[Entry], bool]) -> list[Entry]:
-        """Delete every entry matching ``predicate``; returns what was removed."""
-        doomed = [e for e in self.entries() if predicate(e)]
-        self.delete([e.key for e in doomed])
-        return doomed
-
     def clear_all(self) -> int:
         """Delete everything the store holds, including invalid values; returns how many keys went."""
-        return len(self.remove_where(lambda _entry: True))
+        keys = [e.key for e in self.entries()]
+        self.delete(keys)
+        return len(keys)
 
     def close(self) -> None:
         """Release connections and file handles."""

@@ -31,10 +31,6 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2) or "s"]
 
 
-def match_all() -> Predicate:
-    return lambda entry: True
-
-
 def match_key_prefix(prefix: str) -> Predicate:
     """Entries whose key starts with ``prefix`` (hex, as ``prescreen inspect`` prints keys)."""
     prefix = prefix.strip().lower()
@@ -91,7 +87,7 @@ def build_predicate(
     if everything:
         if preds:
             raise ConfigError("--all cannot be combined with other filters")
-        return match_all()
+        return lambda entry: True
     if not preds:
         raise ConfigError("nothing selected: pass --all or a filter (key prefix, kernel, device, older-than)")
     return lambda entry: all(p(entry) for p in preds)

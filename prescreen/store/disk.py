@@ -1,14 +1,10 @@
 """The embedded store: one diskcache directory, JSON text values, faults degrade to misses.
 
-The entry lives under its key, its hit counter under ``hits:<key>`` (a hit never rewrites the entry); ``put``
-keeps the first writer's, unless invalid or less strict (``entry.outranks``). See docs/store-and-trust.md.
-
-Faults (``textdisk.classify``), each warned about once, none raised: a put retries a locked database for up
-to ``write_wait`` seconds; a write still locked, or a full disk, pauses writes for ``cooldown`` seconds
-(other faults: reads too), except an observed-OOM fact's; a read-only directory serves reads
-(``ReadOnlyCache``); a corrupt ``cache.db`` is recovered (``recovery``); one that cannot be opened makes a
-no-op store until ``cooldown`` has passed. A directory another user owns or can write is refused for the
-store's lifetime (``trust``): every lookup a miss, ``stats`` unhealthy.
+The entry lives under its key, its hit counter under ``hits:<key>``; ``put`` keeps the first writer's unless invalid
+or less strict (``entry.outranks``). Faults (``textdisk.classify``) are warned about once, never raised: a locked
+put is retried for ``write_wait`` seconds, then writes pause for ``cooldown`` (other faults: reads too), except a
+fact's; a read-only directory serves reads; a corrupt ``cache.db`` is recovered (``recovery``); one that cannot
+be opened is a no-op until ``cooldown``; an unsafe directory (``trust``) is refused. See docs/store-and-trust.md.
 """
 
 from __future__ import annotations
@@ -303,7 +299,7 @@ class DiskStore(Store):
         if entry is None:
             self.misses += 1
             return None, 0
-        self.add_hits(1)
+        self.hits += 1
         if self._cache is None:
             return entry, 0
         with self._hits.lock:

@@ -1,9 +1,7 @@
 """A stored decision: JSON text (schema 5's four lines, ``trust.canonical``), validated on the way back in.
 
-A lookup checks every line but the plan; an import, a bundle or ``inspect --verify`` decodes the plan too.
-In a payload (bundles, ``inspect --json``) the details are in the decision and the plan is one string field.
-``dynamic`` (the plan has an axis without a static value) is stored so a lookup can check the decision's
-``enable_auto_blockify`` without decoding the plan; wherever the plan is decoded, it must match.
+A lookup checks every line but the plan (``dynamic`` is stored so it can check ``enable_auto_blockify``); an import,
+a bundle or ``inspect --verify`` decodes the plan too, which must then match. A payload keeps the plan as a string.
 """
 
 from __future__ import annotations

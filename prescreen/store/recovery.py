@@ -119,12 +119,8 @@ def _found(con: sqlite3.Connection, rowid: int) -> bool:
 
 
 def _readable_rowids(con: sqlite3.Connection) -> Iterator[int]:
-    """Every rowid a lookup finds, in order, not trusting a damaged page to say what comes next.
-
-    The next rowid SQLite names is taken when a lookup by it finds it too; otherwise (a garbled cell's rowid
-    can lie far past the rows after it) the integers after the last row found are tried one by one, until one
-    is found or ``_ROWID_GAP`` in a row were not.
-    """
+    """Every rowid a lookup finds, in order, not trusting a damaged page: SQLite's next rowid is taken when a
+    lookup finds it too; otherwise the integers after the last found are tried, up to ``_ROWID_GAP`` misses."""
     last, misses = 0, 0
     while misses <= _ROWID_GAP:
         following = None
@@ -201,12 +197,9 @@ def remove_orphans(cache: diskcache.Cache, directory: Path, restore: Callable[[s
 
 
 def salvage(cache: diskcache.Cache, directory: Path, signer: Signer | None = None) -> int:
-    """Finish every recovery in ``directory``: re-add the valid entries of each moved-aside database and of each
-    orphaned ``.val`` file, mark the databases done, delete the orphans; returns how many were restored.
-
-    Idempotent (``add`` keeps an entry already there; a database is renamed ``.salvaged-`` only after all its
-    rows were tried). Call it under the exclusive lock, as ``remove_orphans``.
-    """
+    """Finish every recovery in ``directory`` (idempotent; call it under the exclusive lock): re-add the valid
+    entries of each moved-aside database (renamed ``.salvaged-`` once all its rows were tried) and of each
+    orphaned ``.val`` file, then delete the orphans; returns how many were restored."""
     disk = TextDisk(str(directory))
     restored = 0
     for moved in sorted(directory.glob(MOVED_PREFIX + "*")):

@@ -1,13 +1,10 @@
 """The fleet store: Redis, same keys and JSON values as the disk store.
 
-``prescreen:v1:{<key>}`` holds the entry's text and ``...:hits`` its hit counter (the braces are a Redis Cluster
-hash tag: one slot). ``put`` is ``SET NX``; an invalid value, or one a stricter entry outranks, is replaced under
-``WATCH``. A hit reads the value and counts in one round trip (a Lua script; plain commands where scripting is
-refused), and reads it only once ``STRLEN`` says it is within ``MAX_ENTRY_BYTES``.
-
-A lookup or a put has ``timeout`` in all however the server answers (a link that drips a few bytes at a time
-costs the timeout, not each read's timeout over and over); a scan or a batch has it per command. An unreachable
-server is warned about once and left alone for ``cooldown`` seconds, so a compile never waits on a dead Redis.
+``prescreen:v1:{<key>}`` holds the entry's text and ``...:hits`` its counter (one Redis Cluster slot). ``put`` is
+``SET NX``; an invalid or less strict value is replaced under ``WATCH``. A hit reads and counts in one round trip
+(a Lua script; plain commands where scripting is refused), reading only a value ``STRLEN`` says is within the cap.
+A lookup or put has ``timeout`` in all (a dripping link costs the timeout once); a scan or batch, per command. An
+unreachable server is warned about once and left alone for ``cooldown`` seconds.
 """
 
 from __future__ import annotations
@@ -299,7 +296,7 @@ class RedisStore(Store):
         if entry is None:
             self.misses += 1
             return None
-        self.add_hits(1)
+        self.hits += 1
         return entry.with_hits(hits)
 
     def put(self, entry: Entry) -> bool:

@@ -1,10 +1,7 @@
-"""diskcache plumbing that never unpickles: a text-only ``Disk``, a ``Cache`` that opens fast and reads
-bounded, a reader for a directory nobody may write, and the faults the disk store reacts to (``classify``).
-
-Nothing read is ever unpickled: a row in pickle or binary mode reads as ``Refused`` (an invalid entry). A
-file name a row gives is used only if it is one diskcache itself makes (``trust.value_file``); a ``.val`` file
-is made 0600 and read only as a regular file of at most ``MAX_ENTRY_BYTES``, and an inline value is bounded
-before SQLite loads it (``bounded``).
+"""diskcache plumbing that never unpickles: a text-only ``Disk``, a ``Cache`` that opens fast and reads bounded, a
+reader for a directory nobody may write, and the faults the disk store reacts to (``classify``). A row in pickle
+or binary mode reads as ``Refused``; a row's file name is used only if diskcache makes such names; a ``.val`` file
+is 0600 and read only as a regular file within ``MAX_ENTRY_BYTES``; an inline value is bounded before it loads.
 """
 
 from __future__ import annotations

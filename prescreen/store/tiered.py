@@ -1,9 +1,6 @@
-"""A local store in front of a remote one: read-through on get, write to both on put.
-
-The remote is where another replica's observed OOM arrives, so a local ``tune`` is rechecked against it when
-that key was last checked ``recheck_seconds`` ago or more (``get`` always rechecks), and a stricter remote entry
-replaces it; a local fallback is served without asking (nothing loosens a decision).
-"""
+"""A local store in front of a remote one: read-through on get, write to both on put. A remote is where other
+replicas' observed OOMs arrive: a local ``tune`` is rechecked against it every ``recheck_seconds`` (``get``:
+always), and a stricter remote entry replaces it; a local fallback is served without asking."""
 
 from __future__ import annotations
 
@@ -56,7 +53,7 @@ class TieredStore(Store):
         if entry is None:
             self.misses += 1
         else:
-            self.add_hits(1)
+            self.hits += 1
         return entry
 
     def _due(self, key: str, interval: float) -> bool:

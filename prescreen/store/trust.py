@@ -1,18 +1,13 @@
 """Trust: where the cache directory is, who may write it, which paths a row may name, and signed entries.
 
-The store's files decide what a compile does, so, as OpenSSH does for ``~/.ssh``: the cache directory and its
-missing parents are made 0700; a directory (or one above it) owned by another user than you or root, or that
-group or others can write, is refused (a root-owned sticky directory such as ``/tmp`` is fine), and so is a
-symlink on the way owned by another user (its owner could re-point it); files are made 0600; a row may name
-only a ``.val`` file diskcache itself generates; a file prescreen reads must be a regular file (a FIFO planted
-in its place is refused at once, never waited on).
+As OpenSSH does for ``~/.ssh``: missing directories are made 0700 and files 0600; a directory (or one above it)
+owned by another user than you or root, or that group or others can write (a root-owned sticky ``/tmp`` is fine),
+is refused, as is a symlink on the way owned by another user; a row may name only a ``.val`` file diskcache makes;
+a file prescreen reads must be a regular file (a planted FIFO is refused, never waited on).
 
-Signatures. With ``PRESCREEN_SIGNING_KEY`` (or ``_FILE``, readable by its owner only; the secret stripped of
-the whitespace around it) every entry written carries ``"signature": "hmac-sha256:<hex>"`` over its stored
-text with ``hits`` 0, as the head line's last field, checked on the text before it is parsed. A signature is
-what it takes to *loosen*: a ``tune`` that is unsigned or does not verify is a miss, a stricter entry is served
-whatever its signature (``entry.read_stored``), so a fact survives a key rollout or rotation; ``import``
-refuses every unsigned entry. A prescreen without a secret reads signed entries as before.
+With ``PRESCREEN_SIGNING_KEY`` (or ``_FILE``) every entry written is signed over its stored text with ``hits`` 0.
+A signature is what it takes to *loosen*: an unsigned or forged ``tune`` is a miss, a stricter entry is served
+whatever its signature (``entry.read_stored``); ``import`` refuses every unsigned entry.
 """
 
 from __future__ import annotations
