@@ -311,11 +311,18 @@ def _wrap(cls: type, method: str, wrapper: Callable[[Callable[..., Any]], Callab
         setattr(cls, method, wrapped)
 
 
+def _guarding(current: Callable[..., Any]) -> Callable[..., Any]:
+    def guarded(self: Any, inductor_meta: dict[str, Any], device: Any) -> None:
+        guard(self, inductor_meta, device, current)
+
+    return guarded
+
+
 def patch_class(cls: type) -> None:
     """Wrap ``cls``'s guard method (idempotent)."""
     if not callable(getattr(cls, DISABLE_METHOD, None)):
         raise AttributeError(f"{cls.__name__} has no {DISABLE_METHOD}; torch_npu layout not recognised")
-    _wrap(cls, GUARD_METHOD, lambda current: lambda self, meta, device: guard(self, meta, device, current))
+    _wrap(cls, GUARD_METHOD, _guarding)
 
 
 def unpatch_class(cls: type) -> None:
