@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU figures bench/RESULTS.md still waits for, as device commands that each fit 600 s.
-#   bash bench/gpu_batch.sh cov    # hook share, 17 cases: two halves side by side, each cold then warm store
+#   bash bench/gpu_batch.sh cov    # hook share, 17 cases: four groups side by side, each cold then warm store
 #   bash bench/gpu_batch.sh plan   # side by side on 8 cores each: the deploy flow (warm --artifact, replica,
 #                                  # cold) and plan-only vs a full warm of GPT-2 over 13 families; first the
 #                                  # runtime step's pieces; THEN_COV=cases: those coverage cases after the deploy
@@ -28,8 +28,10 @@ case "$1" in
       python3 -P bench/gpu_coverage.py --cases "$2" --json "$OUT/$1-cold.json" > "$OUT/$1-cold.txt" 2>&1
       python3 -P bench/gpu_coverage.py --cases "$2" --json "$OUT/$1-warm.json" > "$OUT/$1-warm.txt" 2>&1
     }
-    half a mm,mm_transposed,bmm,addmm_bias,mm_epilogue,mlp,transformer_block,conv1d,pointwise_mutated_headroom &
-    half b conv2d,conv2d_channels_last,conv3d,int_mm,scaled_mm_fp8,flex_attention,pointwise_mutated,reduction_mutated
+    half a mm,mm_transposed,bmm,addmm_bias,mm_epilogue,conv1d,pointwise_mutated_headroom &
+    half b mlp,transformer_block &
+    half c conv2d,conv2d_channels_last,conv3d,int_mm,flex_attention,pointwise_mutated,reduction_mutated &
+    half d scaled_mm_fp8
     wait ;;
   plan)
     [[ -z ${PYC:-} ]] || write_bytecode > "$OUT/runtime_step.txt" 2>&1
