@@ -99,35 +99,43 @@ def main() -> None:
     contended(triton_autotune._decide, tuner, call, max(args.reps // 20, 20))
 
 
-def contended(decide: Callable[..., Any], tuner: Any, call: tuple[Any, ...], reps: int) -> None:
-    """The same step while two other threads run Python (as Inductor's precompile threads do): the store's reads
-    release the GIL, and taking it back waits out the switch interval, unless a lookup shortens it."""
+def contended(decide: Callable[..., Any], tuner: Any, call: tuple[Any, ...], reps: int,
+              intervals: tuple[float | None, ...] = (None, 1e-3, 1e-4)) -> None:
+    """The same step beside two busy threads, at each switch interval a lookup may set (None: the default):
+    threads running Python (they give the GIL up when asked), then threads in long native calls that hold it (as
+    Triton's compiler does in Inductor's precompile threads; modelled by ``sorted`` of 200,000 floats). The
+    store's reads release the GIL, and each time this thread waits to take it back."""
+    import random
     import threading
 
     from prescreen import service
 
-    busy = [True]
-
-    def spin() -> None:
-        while busy[0]:
-            pass
-
-    for _ in range(2):
-        threading.Thread(target=spin, daemon=True).start()
+    floats = [random.random() for _ in range(200_000)]
+    kept = service.LOOKUP_SWITCH_INTERVAL
     fresh = iter(range(10**6, 10**9))
-    short = service.LOOKUP_SWITCH_INTERVAL
-    results = {}
-    for interval in (None, short):
-        service.LOOKUP_SWITCH_INTERVAL = interval
-        hit = timed(lambda: decide(tuner, call, {}), reps)[0]
-        miss = timed(lambda: decide(tuner, (call[0][:next(fresh) % 2**19 + 1], *call[1:]), {}), reps)[0]
-        results[interval] = (hit, miss)
-    busy[0] = False
-    service.LOOKUP_SWITCH_INTERVAL = short
-    (hit0, miss0), (hit1, miss1) = results[None], results[short]
-    print(f"\nwith two busy threads ({reps} reps, medians): a hit {hit0 / 1e3:.2f} ms with the default switch interval, "
-          f"{hit1 / 1e3:.2f} ms with {short} s during lookups ({hit0 / hit1:.0f}x); a new step {miss0 / 1e3:.2f} ms vs "
-          f"{miss1 / 1e3:.2f} ms ({miss0 / miss1:.0f}x)")
+    print(f"\nbeside two busy threads ({reps} reps, medians; ms of wall / of this thread's CPU; "
+          f"prescreen sets {kept} s):")
+    print("| other threads | interval | a hit | a new step |\n|---|---|---|---|")
+    for kind, work in (("running Python", lambda: None), ("in native calls", lambda: sorted(floats))):
+        busy = [True]
+
+        def spin(work: Callable[[], Any] = work, busy: list[bool] = busy) -> None:
+            while busy[0]:
+                work()
+
+        threads = [threading.Thread(target=spin, daemon=True) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for interval in intervals:
+            service.LOOKUP_SWITCH_INTERVAL = interval
+            hit = timed(lambda: decide(tuner, call, {}), reps)
+            miss = timed(lambda: decide(tuner, (call[0][:next(fresh) % 2**19 + 1], *call[1:]), {}), reps)
+            print(f"| {kind} | {'default' if interval is None else f'{interval:g} s'} | {hit[0] / 1e3:.2f} / "
+                  f"{hit[1] / 1e3:.2f} | {miss[0] / 1e3:.2f} / {miss[1] / 1e3:.2f} |")
+        busy[0] = False
+        for t in threads:
+            t.join()
+    service.LOOKUP_SWITCH_INTERVAL = kept
 
 
 if __name__ == "__main__":

@@ -76,7 +76,8 @@ def lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, *, w
 
 
 #: The interpreter's switch interval while a lookup runs (None: left alone): a lookup's I/O releases the GIL,
-#: and taking it back from busy compile threads waits 5 ms each time (``bench/bench_runtime_step.py``).
+#: and taking it back from compile threads running Python waits 5 ms each time. Threads in native calls hold it
+#: whatever the interval, and a short one then costs this thread CPU in wake-ups (``bench/bench_runtime_step.py``).
 LOOKUP_SWITCH_INTERVAL: float | None = 1e-4
 _switching: list[float] = [0, 0.0]  # lookups running, the interval they found
 
