@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU figures bench/RESULTS.md still waits for, as device commands that each fit 600 s.
 #   bash bench/gpu_batch.sh cov    # hook share, 17 cases: four groups side by side, each cold then warm store
+#                                  # (then, e.g., the conv2d case at other switch intervals: python3 -P
+#                                  # bench/gpu_coverage.py --cases conv2d --switch-interval 1e-3, and none)
 #   bash bench/gpu_batch.sh plan   # side by side on 8 cores each: the deploy flow (warm --artifact, replica,
 #                                  # cold) and plan-only vs a full warm of GPT-2 over 13 families; first the
 #                                  # runtime step's pieces; THEN_COV=cases: those coverage cases after the deploy
@@ -23,16 +25,18 @@ write_bytecode() {  # this device's torch came without bytecode: compile it, as 
 }
 case "$1" in
   cov)
-    half() {  # $1: name, $2: cases; a cold store, then the same store in a fresh process
+    group() {  # $1: name, $2: cases; a cold store, then the same store in a fresh process
       export PRESCREEN_CACHE_DIR=/tmp/store-$1
       python3 -P bench/gpu_coverage.py --cases "$2" --json "$OUT/$1-cold.json" > "$OUT/$1-cold.txt" 2>&1
       python3 -P bench/gpu_coverage.py --cases "$2" --json "$OUT/$1-warm.json" > "$OUT/$1-warm.txt" 2>&1
     }
-    half a mm,mm_transposed,bmm,addmm_bias,mm_epilogue,conv1d,pointwise_mutated_headroom &
-    half b mlp,transformer_block &
-    half c conv2d,conv2d_channels_last,conv3d,int_mm,flex_attention,pointwise_mutated,reduction_mutated &
-    half d scaled_mm_fp8
-    wait ;;
+    group a mm,mm_transposed,bmm,addmm_bias,mm_epilogue,conv1d,pointwise_mutated_headroom &
+    group b mlp,transformer_block &
+    group c conv2d,conv2d_channels_last,conv3d,int_mm,flex_attention,pointwise_mutated,reduction_mutated &
+    group d scaled_mm_fp8
+    wait
+    cd "$OUT" && grep -h "^| [a-z_0-9]* |" ./*-cold.txt ./*-warm.txt | cut -c1-300
+    tar czf cov.tgz ./*-cold.* ./*-warm.* && rm -f ./*-cold.* ./*-warm.* ;;  # one file: $OUT brings back 8 at most
   plan)
     [[ -z ${PYC:-} ]] || write_bytecode > "$OUT/runtime_step.txt" 2>&1
     [[ -n ${NO_STEP_BENCH:-} ]] || python3 -P bench/bench_runtime_step.py --device cuda >> "$OUT/runtime_step.txt" 2>&1
