@@ -406,8 +406,9 @@ def warm_model(
 
     torch's caches keep their defaults (the warm fills them for deployment); a compile they answered decided
     nothing, so it is lowered again with them bypassed. ``plan_only`` benchmarks nothing and stops before code
-    generation; ``artifact`` writes torch's mega-cache and these decisions to one file. A failing target or
-    compile is a ``ConfigError`` naming the sizes and the cause.
+    generation (runtime autotuning, decided at a kernel's first call, is not covered); ``artifact`` writes
+    torch's mega-cache and these decisions to one file. A failing target or compile is a ``ConfigError`` naming
+    the sizes and the cause.
     """
     from torch._inductor import config as inductor_settings
 

@@ -74,14 +74,14 @@ def selection(key_prefix: str | None = None, kernel: str | None = None, device: 
               everything: bool = False) -> Predicate:
     """The entries the filter options select, all where none is given; with ``required`` (clear), no filter is an
     error, and ``everything`` (clear --all) takes no filter."""
-    from prescreen.store.clear import build_predicate
+    from prescreen.store.clear import build_predicate, match_all
 
     if everything and decision is not None:
         raise ConfigError("--all cannot be combined with other filters")
     filtered = any(v is not None for v in (key_prefix, kernel, device, older_than))
     base = (build_predicate(everything=everything, key_prefix=key_prefix, kernel=kernel, device=device,
                             older_than=older_than)
-            if filtered or everything or (required and decision is None) else lambda e: True)
+            if filtered or everything or (required and decision is None) else match_all())
     return base if decision is None else lambda e: e.decision.action == decision and base(e)
 
 

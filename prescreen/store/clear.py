@@ -64,6 +64,11 @@ def match_older_than(seconds: float, now: float | None = None) -> Predicate:
     return lambda entry: entry.created_at < cutoff
 
 
+def match_all() -> Predicate:
+    """Every entry (``clear --all``, and a listing with no filter)."""
+    return lambda entry: True
+
+
 def build_predicate(
     *,
     everything: bool = False,
@@ -87,7 +92,7 @@ def build_predicate(
     if everything:
         if preds:
             raise ConfigError("--all cannot be combined with other filters")
-        return lambda entry: True
+        return match_all()
     if not preds:
         raise ConfigError("nothing selected: pass --all or a filter (key prefix, kernel, device, older-than)")
     return lambda entry: all(p(entry) for p in preds)
