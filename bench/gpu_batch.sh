@@ -29,14 +29,14 @@ case "$1" in
       export PRESCREEN_CACHE_DIR=/tmp/store-$1
       python3 -P bench/gpu_coverage.py --cases "$2" --json "$OUT/$1-cold.json" > "$OUT/$1-cold.txt" 2>&1
       python3 -P bench/gpu_coverage.py --cases "$2" --json "$OUT/$1-warm.json" > "$OUT/$1-warm.txt" 2>&1
+      for s in cold warm; do grep "^| [a-z_0-9]* |" "$OUT/$1-$s.txt" | sed "s/^/$s /" | cut -c1-300; done  # a cut-off call keeps it
     }
     group a mm,mm_transposed,bmm,addmm_bias,mm_epilogue,conv1d,pointwise_mutated_headroom &
     group b mlp,transformer_block &
     group c conv2d,conv2d_channels_last,conv3d,int_mm,flex_attention,pointwise_mutated,reduction_mutated &
     group d scaled_mm_fp8
     wait
-    cd "$OUT" && grep -h "^| [a-z_0-9]* |" ./*-cold.txt ./*-warm.txt | cut -c1-300
-    tar czf cov.tgz ./*-cold.* ./*-warm.* && rm -f ./*-cold.* ./*-warm.* ;;  # one file: $OUT brings back 8 at most
+    cd "$OUT" && tar czf cov.tgz ./*-cold.* ./*-warm.* && rm -f ./*-cold.* ./*-warm.* ;;  # one file: $OUT brings back 8 at most
   plan)
     [[ -z ${PYC:-} ]] || write_bytecode > "$OUT/runtime_step.txt" 2>&1
     [[ -n ${NO_STEP_BENCH:-} ]] || python3 -P bench/bench_runtime_step.py --device cuda >> "$OUT/runtime_step.txt" 2>&1
