@@ -97,6 +97,7 @@ def main() -> None:
         wall, cpu = timed(fn, args.reps)
         print(f"| {name} | {wall:.1f} | {cpu:.1f} |")
     contended(triton_autotune._decide, tuner, call, max(args.reps // 20, 20))
+    whole_job(triton_autotune._decide, tuner, call)
 
 
 def contended(decide: Callable[..., Any], tuner: Any, call: tuple[Any, ...], reps: int,
@@ -135,6 +136,51 @@ def contended(decide: Callable[..., Any], tuner: Any, call: tuple[Any, ...], rep
         busy[0] = False
         for t in threads:
             t.join()
+    service.LOOKUP_SWITCH_INTERVAL = kept
+
+
+def whole_job(decide: Callable[..., Any], tuner: Any, call: tuple[Any, ...], slices: int = 100, rounds: int = 3,
+              intervals: tuple[float | None, ...] = (None, 1e-3, 1e-4)) -> None:
+    """Does a step's wait for the GIL lengthen the job around it? A job: this thread's Python work in ``slices``
+    slices, each followed by a hit or not, beside two threads doing a fixed amount of work (Python, or native
+    calls that hold the GIL); it lasts until all three are done. The waits hand the GIL to work the job must do
+    anyway, so a step should lengthen the job by about its CPU time, not by the wall it waited."""
+    import random
+    import threading
+
+    from prescreen import service
+
+    floats = [random.random() for _ in range(100_000)]
+    kept = service.LOOKUP_SWITCH_INTERVAL
+
+    def job(work: Callable[[], Any], steps: bool) -> tuple[float, float, float]:
+        others = [threading.Thread(target=lambda: [work() for _ in range(40)]) for _ in range(2)]
+        inside = [0.0, 0.0]
+        start = time.perf_counter()
+        for t in others:
+            t.start()
+        for _ in range(slices):
+            sum(range(20_000))  # this thread's own compile work
+            if steps:
+                w, c = time.perf_counter(), time.thread_time()
+                decide(tuner, call, {})
+                inside[0] += time.perf_counter() - w
+                inside[1] += time.thread_time() - c
+        for t in others:
+            t.join()
+        return time.perf_counter() - start, inside[0], inside[1]
+
+    print(f"\na job: {slices} slices of this thread's work, with a hit after each or not, beside two threads doing "
+          f"fixed work ({rounds} rounds, medians, ms):")
+    print("| other threads | interval | job without | job with the hits | the hits' wall | the hits' CPU |\n"
+          "|---|---|---|---|---|---|")
+    for kind, work in (("running Python", lambda: sum(range(300_000))), ("in native calls", lambda: sorted(floats))):
+        for interval in intervals:
+            service.LOOKUP_SWITCH_INTERVAL = interval
+            without = statistics.median(job(work, False)[0] for _ in range(rounds))
+            with_ = [statistics.median(x) for x in zip(*(job(work, True) for _ in range(rounds)))]
+            print(f"| {kind} | {'default' if interval is None else f'{interval:g} s'} | {1e3 * without:.0f} | "
+                  f"{1e3 * with_[0]:.0f} | {1e3 * with_[1]:.0f} | {1e3 * with_[2]:.1f} |")
     service.LOOKUP_SWITCH_INTERVAL = kept
 
 
