@@ -5,7 +5,7 @@ compile that call is most of the hook's share. This times each piece of ``triton
 device tensors (three mutated arguments, ``optimize_mem`` on, as inference compiles them), a warm store,
 nothing else running: microseconds of wall and of this thread's CPU, medians of ``--reps`` rounds.
 
-    python -P bench/bench_runtime_step.py [--device cuda] [--reps 2000]
+    python -P bench/bench_runtime_step.py [--device cuda] [--reps 2000] [--skip-contended]
 
 On CPU the device is faked as ``cuda:0`` (the allocator statistics then read 0).
 """
@@ -51,6 +51,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--reps", type=int, default=2000)
+    ap.add_argument("--skip-contended", action="store_true", help="leave out the step beside busy threads (the slowest)")
     args = ap.parse_args()
     import torch
 
@@ -96,7 +97,8 @@ def main() -> None:
     for name, fn in rows:
         wall, cpu = timed(fn, args.reps)
         print(f"| {name} | {wall:.1f} | {cpu:.1f} |")
-    contended(triton_autotune._decide, tuner, call, max(args.reps // 20, 20))
+    if not args.skip_contended:
+        contended(triton_autotune._decide, tuner, call, max(args.reps // 20, 20))
     whole_job(triton_autotune._decide, tuner, call)
 
 
