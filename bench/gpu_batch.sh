@@ -27,9 +27,10 @@ case "$1" in
   cov)
     group() {  # $1: name, $2: cases; a cold store, then the same store in a fresh process
       export PRESCREEN_CACHE_DIR=/tmp/store-$1
-      python3 -P bench/gpu_coverage.py --cases "$2" --json "$OUT/$1-cold.json" > "$OUT/$1-cold.txt" 2>&1
-      python3 -P bench/gpu_coverage.py --cases "$2" --json "$OUT/$1-warm.json" > "$OUT/$1-warm.txt" 2>&1
-      for s in cold warm; do grep "^| [a-z_0-9]* |" "$OUT/$1-$s.txt" | sed "s/^/$s /" | cut -c1-300; done  # a cut-off call keeps it
+      for s in cold warm; do  # each run's rows printed as it ends: a call cut off at its limit keeps them
+        python3 -P bench/gpu_coverage.py --cases "$2" --json "$OUT/$1-$s.json" > "$OUT/$1-$s.txt" 2>&1
+        grep "^| [a-z_0-9]* |" "$OUT/$1-$s.txt" | sed "s/^/$s /" | cut -c1-300
+      done
     }
     group a mm,mm_transposed,bmm,addmm_bias,mm_epilogue,conv1d,pointwise_mutated_headroom &
     group b mlp,transformer_block &
