@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The GPU figures bench/RESULTS.md still waits for, as device commands that each fit 600 s.
-#   bash bench/gpu_batch.sh cov    # hook share, 17 cases: four groups side by side, each cold then warm store
-#                                  # (then, e.g., the conv2d case at other switch intervals: python3 -P
-#                                  # bench/gpu_coverage.py --cases conv2d --switch-interval 1e-3, and none)
+#   bash bench/gpu_batch.sh cov    # the runtime step's pieces and whole-job table on this host; then the hook
+#                                  # share, 17 cases: four groups side by side, each cold then warm store
 #   bash bench/gpu_batch.sh plan   # side by side on 8 cores each: the deploy flow (warm --artifact, replica,
 #                                  # cold) and plan-only vs a full warm of GPT-2 over 13 families; first the
 #                                  # runtime step's pieces; THEN_COV=cases: those coverage cases after the deploy
@@ -25,6 +24,8 @@ write_bytecode() {  # this device's torch came without bytecode: compile it, as 
 }
 case "$1" in
   cov)
+    python3 -P bench/bench_runtime_step.py --device cuda --reps 200 --skip-contended > "$OUT/runtime_step.txt" 2>&1
+    tail -10 "$OUT/runtime_step.txt"
     group() {  # $1: name, $2: cases; a cold store, then the same store in a fresh process
       export PRESCREEN_CACHE_DIR=/tmp/store-$1
       for s in cold warm; do  # each run's rows printed as it ends: a call cut off at its limit keeps them
