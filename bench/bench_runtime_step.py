@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -103,36 +102,22 @@ def main() -> None:
     whole_job(triton_autotune._decide, tuner, call)
 
 
-def at_interval(decide: Callable[..., Any], interval: float | None) -> Callable[..., Any]:
-    """``decide`` with the interpreter's switch interval set to ``interval`` while it runs (None: as it is); the
-    tables below compare what prescreen once did around each lookup (0.1 ms) with what it does now (nothing)."""
-    if interval is None:
-        return decide
-
-    def step(*args: Any) -> Any:
-        kept = sys.getswitchinterval()
-        sys.setswitchinterval(interval)
-        try:
-            return decide(*args)
-        finally:
-            sys.setswitchinterval(kept)
-
-    return step
-
-
 def contended(decide: Callable[..., Any], tuner: Any, call: tuple[Any, ...], reps: int,
               intervals: tuple[float | None, ...] = (None, 1e-3, 1e-4)) -> None:
-    """The same step beside two busy threads, at each switch interval (``at_interval``; None: the default):
+    """The same step beside two busy threads, at each switch interval a lookup may set (None: the default):
     threads running Python (they give the GIL up when asked), then threads in long native calls that hold it (as
     Triton's compiler does in Inductor's precompile threads; modelled by ``sorted`` of 200,000 floats). The
     store's reads release the GIL, and each time this thread waits to take it back."""
     import random
     import threading
 
+    from prescreen import service
+
     floats = [random.random() for _ in range(200_000)]
+    kept = service.LOOKUP_SWITCH_INTERVAL
     fresh = iter(range(10**6, 10**9))
-    print(f"\nbeside two busy threads ({reps} reps, medians; ms of wall / of this thread's CPU; the interval set "
-          f"while the step runs; prescreen leaves it alone):")
+    print(f"\nbeside two busy threads ({reps} reps, medians; ms of wall / of this thread's CPU; "
+          f"prescreen sets {kept} s):")
     print("| other threads | interval | a hit | a new step |\n|---|---|---|---|")
     for kind, work in (("running Python", lambda: None), ("in native calls", lambda: sorted(floats))):
         busy = [True]
@@ -145,28 +130,33 @@ def contended(decide: Callable[..., Any], tuner: Any, call: tuple[Any, ...], rep
         for t in threads:
             t.start()
         for interval in intervals:
-            step = at_interval(decide, interval)
-            hit = timed(lambda step=step: step(tuner, call, {}), reps)
-            miss = timed(lambda step=step: step(tuner, (call[0][:next(fresh) % 2**19 + 1], *call[1:]), {}), reps)
+            service.LOOKUP_SWITCH_INTERVAL = interval
+            hit = timed(lambda: decide(tuner, call, {}), reps)
+            miss = timed(lambda: decide(tuner, (call[0][:next(fresh) % 2**19 + 1], *call[1:]), {}), reps)
             print(f"| {kind} | {'default' if interval is None else f'{interval:g} s'} | {hit[0] / 1e3:.2f} / "
                   f"{hit[1] / 1e3:.2f} | {miss[0] / 1e3:.2f} / {miss[1] / 1e3:.2f} |")
         busy[0] = False
         for t in threads:
             t.join()
+    service.LOOKUP_SWITCH_INTERVAL = kept
 
 
 def whole_job(decide: Callable[..., Any], tuner: Any, call: tuple[Any, ...], slices: int = 100, rounds: int = 3,
               intervals: tuple[float | None, ...] = (None, 1e-3, 1e-4)) -> None:
     """Does a step's wait for the GIL lengthen the job around it? A job: this thread's Python work in ``slices``
     slices, each followed by a hit or not, beside two threads doing a fixed amount of work (Python, or native
-    calls that hold the GIL); it lasts until all three are done. The waits hand the GIL to work the job must do
-    anyway, so a step should lengthen the job by about its CPU time, not by the wall it waited."""
+    calls that hold the GIL); it lasts until all three are done. Where every thread is GIL-bound, the waits hand
+    the GIL to work the job must do anyway, and a step lengthens the job by about its CPU time, not by the wall
+    it waited. Not modelled: a compiling thread that feeds worker processes idles them while it waits."""
     import random
     import threading
 
-    floats = [random.random() for _ in range(100_000)]
+    from prescreen import service
 
-    def job(work: Callable[[], Any], step: Callable[..., Any] | None) -> tuple[float, float, float]:
+    floats = [random.random() for _ in range(100_000)]
+    kept = service.LOOKUP_SWITCH_INTERVAL
+
+    def job(work: Callable[[], Any], steps: bool) -> tuple[float, float, float]:
         others = [threading.Thread(target=lambda: [work() for _ in range(40)]) for _ in range(2)]
         inside = [0.0, 0.0]
         start = time.perf_counter()
@@ -174,9 +164,9 @@ def whole_job(decide: Callable[..., Any], tuner: Any, call: tuple[Any, ...], sli
             t.start()
         for _ in range(slices):
             sum(range(20_000))  # this thread's own compile work
-            if step is not None:
+            if steps:
                 w, c = time.perf_counter(), time.thread_time()
-                step(tuner, call, {})
+                decide(tuner, call, {})
                 inside[0] += time.perf_counter() - w
                 inside[1] += time.thread_time() - c
         for t in others:
@@ -189,11 +179,12 @@ def whole_job(decide: Callable[..., Any], tuner: Any, call: tuple[Any, ...], sli
           "|---|---|---|---|---|---|")
     for kind, work in (("running Python", lambda: sum(range(300_000))), ("in native calls", lambda: sorted(floats))):
         for interval in intervals:
-            without = statistics.median(job(work, None)[0] for _ in range(rounds))
-            with_ = [statistics.median(x) for x in zip(*(job(work, at_interval(decide, interval))
-                                                         for _ in range(rounds)))]
+            service.LOOKUP_SWITCH_INTERVAL = interval
+            without = statistics.median(job(work, False)[0] for _ in range(rounds))
+            with_ = [statistics.median(x) for x in zip(*(job(work, True) for _ in range(rounds)))]
             print(f"| {kind} | {'default' if interval is None else f'{interval:g} s'} | {1e3 * without:.0f} | "
                   f"{1e3 * with_[0]:.0f} | {1e3 * with_[1]:.0f} | {1e3 * with_[2]:.1f} |")
+    service.LOOKUP_SWITCH_INTERVAL = kept
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 # The GPU figures bench/RESULTS.md still waits for, as device commands that each fit 600 s.
 #   bash bench/gpu_batch.sh cov    # the runtime step's pieces and whole-job table on this host; then the hook
 #                                  # share, 17 cases: four groups side by side, each cold then warm store
+#                                  # (COV_ARGS: more gpu_coverage options, e.g. "--switch-interval none")
 #   bash bench/gpu_batch.sh plan   # side by side on 8 cores each: the deploy flow (warm --artifact, replica,
 #                                  # cold) and plan-only vs a full warm of GPT-2 over 13 families; first the
 #                                  # runtime step's pieces; THEN_COV=cases: those coverage cases after the deploy
@@ -29,7 +30,7 @@ case "$1" in
     group() {  # $1: name, $2: cases; a cold store, then the same store in a fresh process
       export PRESCREEN_CACHE_DIR=/tmp/store-$1
       for s in cold warm; do  # each run's rows printed as it ends: a call cut off at its limit keeps them
-        python3 -P bench/gpu_coverage.py --cases "$2" --json "$OUT/$1-$s.json" > "$OUT/$1-$s.txt" 2>&1
+        python3 -P bench/gpu_coverage.py --cases "$2" ${COV_ARGS:-} --json "$OUT/$1-$s.json" > "$OUT/$1-$s.txt" 2>&1
         grep "^| [a-z_0-9]* |" "$OUT/$1-$s.txt" | sed "s/^/$s /" | cut -c1-300
       done
     }

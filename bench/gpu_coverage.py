@@ -555,7 +555,14 @@ def main() -> None:
     ap.add_argument("--sqlite-mmap", type=int, default=None, metavar="BYTES",
                     help="how much of the store's database SQLite memory-maps (prescreen maps none, diskcache 64 MiB); "
                          "to compare the two, each in its own store directory (the setting is kept there)")
+    ap.add_argument("--switch-interval", default=None, metavar="SECONDS|none",
+                    help="the switch interval a lookup sets (prescreen.service.LOOKUP_SWITCH_INTERVAL; none: left "
+                         "alone); bench/bench_runtime_step.py shows the trade on the CPU")
     args = ap.parse_args()
+    if args.switch_interval is not None:
+        from prescreen import service
+
+        service.LOOKUP_SWITCH_INTERVAL = None if args.switch_interval == "none" else float(args.switch_interval)
     if args.sqlite_mmap is not None:
         from prescreen.store import disk
 

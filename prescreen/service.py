@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import datetime
 import logging
 import socket
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prescreen.budget import Budget
 from prescreen.decision import Decision, decide_with_representatives, is_observed_oom
@@ -64,12 +66,41 @@ def lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, *, w
     and added (a put that loses to a stricter entry answers with it). Every lookup reads the store."""
     start = time.perf_counter()
     try:
-        outcome = _lookup_or_decide(plan, budget, store, write)
+        with _gil_handed_back_promptly():
+            outcome = _lookup_or_decide(plan, budget, store, write)
     finally:
         elapsed = time.perf_counter() - start
         with _lock:
             COUNTERS.seconds += elapsed
     return _observed(outcome, plan) if OBSERVERS else outcome
+
+
+#: The interpreter's switch interval while a lookup runs (None: left alone): a lookup's I/O releases the GIL,
+#: and taking it back from compile threads running Python waits 5 ms each time. Threads in native calls hold it
+#: whatever the interval, and a short one then costs this thread CPU in wake-ups (``bench/bench_runtime_step.py``).
+LOOKUP_SWITCH_INTERVAL: float | None = 1e-4
+_switching: list[float] = [0, 0.0]  # lookups running, the interval they found
+
+
+@contextlib.contextmanager
+def _gil_handed_back_promptly() -> Iterator[None]:
+    """``LOOKUP_SWITCH_INTERVAL`` while any lookup runs, then whatever interval the first one found."""
+    wanted = LOOKUP_SWITCH_INTERVAL
+    if wanted is None:
+        yield
+        return
+    with _lock:
+        if not _switching[0]:
+            _switching[1] = sys.getswitchinterval()
+            sys.setswitchinterval(min(wanted, _switching[1]))
+        _switching[0] += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _switching[0] -= 1
+            if not _switching[0]:
+                sys.setswitchinterval(_switching[1])
 
 
 def _lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, write: bool) -> Outcome:

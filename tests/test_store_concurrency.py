@@ -139,30 +139,36 @@ def test_a_running_process_serves_another_process_s_fact_within_the_recheck(tmp_
     assert seen["observed"] and seen["seen_at"] is not None and seen["seen_at"] - written_at < 5.0, seen
 
 
-def test_lookups_leave_the_switch_interval_alone(tmp_path: Path) -> None:
-    """The interval is the user's process-wide setting. A shorter one while lookups run only moves their waits for
-    the GIL onto other threads' work, which the compile needs anyway, and adds wake-ups
-    (``bench/bench_runtime_step.py``'s job table)."""
+def test_a_lookup_hands_the_gil_back_promptly_and_restores_the_interval(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """While any lookup runs, the switch interval is short (its store reads release the GIL, and busy compile
+    threads would otherwise keep it for 5 ms each time); overlapping lookups on two threads give back the
+    interval the first one found; with the setting off, nothing changes."""
     import sys
     import threading
 
+    from prescreen import service
+
     seen: list[float] = []
+    both_inside = threading.Barrier(2)
 
     class Store(DiskStore):
         def lookup(self, key: str) -> object:
             seen.append(sys.getswitchinterval())
+            if threading.current_thread().name.startswith("overlap"):
+                both_inside.wait(timeout=10)
             return super().lookup(key)
 
     original = sys.getswitchinterval()
-    sys.setswitchinterval(0.0123)
-    try:
-        with Store(tmp_path) as store:
-            threads = [threading.Thread(target=lookup_or_decide, args=(make_plan(seed=s), BUDGET, store))
-                       for s in (1, 2, 3)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-        assert seen == [pytest.approx(0.0123)] * 3
-    finally:
-        sys.setswitchinterval(original)
+    with Store(tmp_path) as store:
+        lookup_or_decide(make_plan(seed=1), BUDGET, store)
+        threads = [threading.Thread(target=lookup_or_decide, args=(make_plan(seed=s), BUDGET, store), name=f"overlap{s}")
+                   for s in (2, 3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert seen == [pytest.approx(service.LOOKUP_SWITCH_INTERVAL)] * 3 and sys.getswitchinterval() == original
+        monkeypatch.setattr(service, "LOOKUP_SWITCH_INTERVAL", None)
+        lookup_or_decide(make_plan(seed=4), BUDGET, store)
+    assert seen[-1] == original and sys.getswitchinterval() == original
