@@ -2,7 +2,9 @@
 # The GPU figures bench/RESULTS.md still waits for, as device commands that each fit 600 s.
 #   bash bench/gpu_batch.sh cov    # the runtime step's pieces and whole-job table on this host; then the hook
 #                                  # share, 17 cases: four groups side by side, each cold then warm store
-#                                  # (COV_ARGS: more gpu_coverage options, e.g. "--switch-interval none")
+#                                  # (COV_ARGS: more gpu_coverage options; COV_TAG: names their stores and
+#                                  # archive, so a second run in the same call starts cold, e.g.
+#                                  # COV_TAG=none COV_ARGS="--switch-interval none" bash bench/gpu_batch.sh cov)
 #   bash bench/gpu_batch.sh plan   # side by side on 8 cores each: the deploy flow (warm --artifact, replica,
 #                                  # cold) and plan-only vs a full warm of GPT-2 over 13 families; first the
 #                                  # runtime step's pieces; THEN_COV=cases: those coverage cases after the deploy
@@ -28,10 +30,10 @@ case "$1" in
     python3 -P bench/bench_runtime_step.py --device cuda --reps 200 --skip-contended > "$OUT/runtime_step.txt" 2>&1
     tail -10 "$OUT/runtime_step.txt"
     group() {  # $1: name, $2: cases; a cold store, then the same store in a fresh process
-      export PRESCREEN_CACHE_DIR=/tmp/store-$1
+      export PRESCREEN_CACHE_DIR=/tmp/store-$1${COV_TAG:-}
       for s in cold warm; do  # each run's rows printed as it ends: a call cut off at its limit keeps them
         python3 -P bench/gpu_coverage.py --cases "$2" ${COV_ARGS:-} --json "$OUT/$1-$s.json" > "$OUT/$1-$s.txt" 2>&1
-        grep "^| [a-z_0-9]* |" "$OUT/$1-$s.txt" | sed "s/^/$s /" | cut -c1-300
+        grep "^| [a-z_0-9]* |" "$OUT/$1-$s.txt" | sed "s/^/${COV_TAG:-} $s /" | cut -c1-300
       done
     }
     group a mm,mm_transposed,bmm,addmm_bias,mm_epilogue,conv1d,pointwise_mutated_headroom &
@@ -39,7 +41,7 @@ case "$1" in
     group c conv2d,conv2d_channels_last,conv3d,int_mm,flex_attention,pointwise_mutated,reduction_mutated &
     group d scaled_mm_fp8
     wait
-    cd "$OUT" && tar czf cov.tgz ./*-cold.* ./*-warm.* && rm -f ./*-cold.* ./*-warm.* ;;  # one file: $OUT brings back 8 at most
+    cd "$OUT" && tar czf "cov${COV_TAG:+-$COV_TAG}.tgz" ./*-cold.* ./*-warm.* && rm -f ./*-cold.* ./*-warm.* ;;  # one file: $OUT brings back 8 at most
   plan)
     [[ -z ${PYC:-} ]] || write_bytecode > "$OUT/runtime_step.txt" 2>&1
     [[ -n ${NO_STEP_BENCH:-} ]] || python3 -P bench/bench_runtime_step.py --device cuda >> "$OUT/runtime_step.txt" 2>&1
