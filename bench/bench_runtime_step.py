@@ -16,7 +16,7 @@ import argparse
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -102,6 +102,20 @@ def main() -> None:
     whole_job(triton_autotune._decide, tuner, call)
 
 
+def lookup_intervals(intervals: tuple[float | None, ...]) -> Iterator[str]:
+    """Set each switch interval as the one a lookup uses (None: the default), in turn, yielding its label;
+    prescreen's own setting is back once the loop ends."""
+    from prescreen import service
+
+    kept = service.LOOKUP_SWITCH_INTERVAL
+    try:
+        for interval in intervals:
+            service.LOOKUP_SWITCH_INTERVAL = interval
+            yield "default" if interval is None else f"{interval:g} s"
+    finally:
+        service.LOOKUP_SWITCH_INTERVAL = kept
+
+
 def contended(decide: Callable[..., Any], tuner: Any, call: tuple[Any, ...], reps: int,
               intervals: tuple[float | None, ...] = (None, 1e-3, 1e-4)) -> None:
     """The same step beside two busy threads, at each switch interval a lookup may set (None: the default):
@@ -114,10 +128,9 @@ def contended(decide: Callable[..., Any], tuner: Any, call: tuple[Any, ...], rep
     from prescreen import service
 
     floats = [random.random() for _ in range(200_000)]
-    kept = service.LOOKUP_SWITCH_INTERVAL
     fresh = iter(range(10**6, 10**9))
     print(f"\nbeside two busy threads ({reps} reps, medians; ms of wall / of this thread's CPU; "
-          f"prescreen sets {kept} s):")
+          f"prescreen sets {service.LOOKUP_SWITCH_INTERVAL} s):")
     print("| other threads | interval | a hit | a new step |\n|---|---|---|---|")
     for kind, work in (("running Python", lambda: None), ("in native calls", lambda: sorted(floats))):
         busy = [True]
@@ -129,16 +142,14 @@ def contended(decide: Callable[..., Any], tuner: Any, call: tuple[Any, ...], rep
         threads = [threading.Thread(target=spin, daemon=True) for _ in range(2)]
         for t in threads:
             t.start()
-        for interval in intervals:
-            service.LOOKUP_SWITCH_INTERVAL = interval
+        for label in lookup_intervals(intervals):
             hit = timed(lambda: decide(tuner, call, {}), reps)
             miss = timed(lambda: decide(tuner, (call[0][:next(fresh) % 2**19 + 1], *call[1:]), {}), reps)
-            print(f"| {kind} | {'default' if interval is None else f'{interval:g} s'} | {hit[0] / 1e3:.2f} / "
+            print(f"| {kind} | {label} | {hit[0] / 1e3:.2f} / "
                   f"{hit[1] / 1e3:.2f} | {miss[0] / 1e3:.2f} / {miss[1] / 1e3:.2f} |")
         busy[0] = False
         for t in threads:
             t.join()
-    service.LOOKUP_SWITCH_INTERVAL = kept
 
 
 def whole_job(decide: Callable[..., Any], tuner: Any, call: tuple[Any, ...], slices: int = 100, rounds: int = 3,
@@ -151,10 +162,7 @@ def whole_job(decide: Callable[..., Any], tuner: Any, call: tuple[Any, ...], sli
     import random
     import threading
 
-    from prescreen import service
-
     floats = [random.random() for _ in range(100_000)]
-    kept = service.LOOKUP_SWITCH_INTERVAL
 
     def job(work: Callable[[], Any], steps: bool) -> tuple[float, float, float]:
         others = [threading.Thread(target=lambda: [work() for _ in range(40)]) for _ in range(2)]
@@ -178,13 +186,11 @@ def whole_job(decide: Callable[..., Any], tuner: Any, call: tuple[Any, ...], sli
     print("| other threads | interval | job without | job with the hits | the hits' wall | the hits' CPU |\n"
           "|---|---|---|---|---|---|")
     for kind, work in (("running Python", lambda: sum(range(300_000))), ("in native calls", lambda: sorted(floats))):
-        for interval in intervals:
-            service.LOOKUP_SWITCH_INTERVAL = interval
+        for label in lookup_intervals(intervals):
             without = statistics.median(job(work, False)[0] for _ in range(rounds))
             with_ = [statistics.median(x) for x in zip(*(job(work, True) for _ in range(rounds)))]
-            print(f"| {kind} | {'default' if interval is None else f'{interval:g} s'} | {1e3 * without:.0f} | "
+            print(f"| {kind} | {label} | {1e3 * without:.0f} | "
                   f"{1e3 * with_[0]:.0f} | {1e3 * with_[1]:.0f} | {1e3 * with_[2]:.1f} |")
-    service.LOOKUP_SWITCH_INTERVAL = kept
 
 
 if __name__ == "__main__":
