@@ -27,13 +27,15 @@ write_bytecode() {  # this device's torch came without bytecode: compile it, as 
 }
 case "$1" in
   cov)
-    python3 -P bench/bench_runtime_step.py --device cuda --reps 200 --skip-contended > "$OUT/runtime_step.txt" 2>&1
-    tail -10 "$OUT/runtime_step.txt"
+    if [[ -z ${COV_TAG:-} ]]; then  # once a call: a tagged second run would repeat it and overwrite its file
+      python3 -P bench/bench_runtime_step.py --device cuda --reps 200 --skip-contended > "$OUT/runtime_step.txt" 2>&1
+      tail -10 "$OUT/runtime_step.txt"
+    fi
     group() {  # $1: name, $2: cases; a cold store, then the same store in a fresh process
       export PRESCREEN_CACHE_DIR=/tmp/store-$1${COV_TAG:-}
       for s in cold warm; do  # each run's rows printed as it ends: a call cut off at its limit keeps them
         python3 -P bench/gpu_coverage.py --cases "$2" ${COV_ARGS:-} --json "$OUT/$1-$s.json" > "$OUT/$1-$s.txt" 2>&1
-        grep "^| [a-z_0-9]* |" "$OUT/$1-$s.txt" | sed "s/^/${COV_TAG:-} $s /" | cut -c1-300
+        grep "^| [a-z_0-9]* |" "$OUT/$1-$s.txt" | sed "s/^/${COV_TAG:+$COV_TAG }$s /" | cut -c1-300
       done
     }
     group a mm,mm_transposed,bmm,addmm_bias,mm_epilogue,conv1d,pointwise_mutated_headroom &
