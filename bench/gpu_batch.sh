@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The GPU figures bench/RESULTS.md still waits for, as device commands that each fit 600 s.
-#   bash bench/gpu_batch.sh cov    # the runtime step's pieces and whole-job table on this host; then the hook
-#                                  # share, 17 cases: four groups side by side, each cold then warm store
-#                                  # (COV_ARGS: more gpu_coverage options; COV_TAG: names their stores and
-#                                  # archive, so a second run in the same call starts cold, e.g.
-#                                  # COV_TAG=none COV_ARGS="--switch-interval none" bash bench/gpu_batch.sh cov)
+#   bash bench/gpu_batch.sh cov    # bytecode written, the runtime step's pieces and whole-job table on this host
+#                                  # (NO_STEP_BENCH=1: left out); then the hook share, 17 cases in four groups
+#                                  # side by side, each case a full compile in its own process, all cold store,
+#                                  # then all warm (COV_ARGS: more gpu_coverage options; COV_TAG: names their
+#                                  # stores and archive, so a second run in the same call starts cold, e.g.
+#                                  # COV_TAG=none COV_ARGS="--switch-interval none" bash bench/gpu_batch.sh cov;
+#                                  # COV_SHARED=1: a group's cases one after another in one process)
 #   bash bench/gpu_batch.sh plan   # side by side on 8 cores each: the deploy flow (warm --artifact, replica,
 #                                  # cold) and plan-only vs a full warm of GPT-2 over 13 families; first the
 #                                  # runtime step's pieces; THEN_COV=cases: those coverage cases after the deploy
@@ -28,22 +30,28 @@ write_bytecode() {  # this device's torch came without bytecode: compile it, as 
 case "$1" in
   cov)
     if [[ -z ${COV_TAG:-} ]]; then  # once a call: a tagged second run would repeat it and overwrite its file
-      python3 -P bench/bench_runtime_step.py --device cuda --reps 200 --skip-contended > "$OUT/runtime_step.txt" 2>&1
+      write_bytecode > "$OUT/runtime_step.txt" 2>&1  # as pip does at install; a case's lazy imports are in its compile
+      [[ -n ${NO_STEP_BENCH:-} ]] || python3 -P bench/bench_runtime_step.py --device cuda --reps 200 --skip-contended \
+        >> "$OUT/runtime_step.txt" 2>&1
       tail -10 "$OUT/runtime_step.txt"
     fi
-    group() {  # $1: name, $2: cases; a cold store, then the same store in a fresh process
+    group() {  # $1: name, $2: cases; a cold store, then the same store in fresh processes
       export PRESCREEN_CACHE_DIR=/tmp/store-$1${COV_TAG:-}
+      local runs=("$2"); [[ -n ${COV_SHARED:-} ]] || IFS=, read -ra runs <<< "$2"
       for s in cold warm; do  # each run's rows printed as it ends: a call cut off at its limit keeps them
-        python3 -P bench/gpu_coverage.py --cases "$2" ${COV_ARGS:-} --json "$OUT/$1-$s.json" > "$OUT/$1-$s.txt" 2>&1
-        grep "^| [a-z_0-9]* |" "$OUT/$1-$s.txt" | sed "s/^/${COV_TAG:+$COV_TAG }$s /" | cut -c1-300
+        for cases in "${runs[@]}"; do
+          f="$OUT/$1-$s-${cases%%,*}"
+          python3 -P bench/gpu_coverage.py --cases "$cases" ${COV_ARGS:-} --json "$f.json" > "$f.txt" 2>&1
+          grep "^| [a-z_0-9]* |" "$f.txt" | sed "s/^/${COV_TAG:+$COV_TAG }$s /" | cut -c1-300
+        done
       done
     }
-    group a mm,mm_transposed,bmm,addmm_bias,mm_epilogue,conv1d,pointwise_mutated_headroom &
+    group a mm,mm_transposed,bmm,addmm_bias,mm_epilogue &  # about even in compile seconds
     group b mlp,transformer_block &
-    group c conv2d,conv2d_channels_last,conv3d,int_mm,flex_attention,pointwise_mutated,reduction_mutated &
-    group d scaled_mm_fp8
+    group c conv2d,conv2d_channels_last,conv3d,int_mm &
+    group d scaled_mm_fp8,flex_attention,conv1d,pointwise_mutated_headroom,pointwise_mutated,reduction_mutated
     wait
-    cd "$OUT" && tar czf "cov${COV_TAG:+-$COV_TAG}.tgz" ./*-cold.* ./*-warm.* && rm -f ./*-cold.* ./*-warm.* ;;  # one file: $OUT brings back 8 at most
+    cd "$OUT" && tar czf "cov${COV_TAG:+-$COV_TAG}.tgz" ./*-cold* ./*-warm* && rm -f ./*-cold* ./*-warm* ;;  # one file: $OUT brings back 8 at most
   plan)
     [[ -z ${PYC:-} ]] || write_bytecode > "$OUT/runtime_step.txt" 2>&1
     [[ -n ${NO_STEP_BENCH:-} ]] || python3 -P bench/bench_runtime_step.py --device cuda >> "$OUT/runtime_step.txt" 2>&1
