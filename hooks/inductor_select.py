@@ -108,7 +108,7 @@ class _Converter:
         return bucket.high
 
     def expr(self, e: Any) -> Expr:
-        if isinstance(e, int):
+        if isinstance(e, (int, sympy.Integer)):  # most sizes and strides: no symbol to record or bound
             return Const(int(e))
         e = sympy.sympify(e)
         for sym in e.free_symbols:
