@@ -6,7 +6,8 @@
 #                                  # then all warm (COV_ARGS: more gpu_coverage options; COV_TAG: names their
 #                                  # stores and archive, so a second run in the same call starts cold, e.g.
 #                                  # COV_TAG=none COV_ARGS="--switch-interval none" bash bench/gpu_batch.sh cov;
-#                                  # COV_SHARED=1: a group's cases one after another in one process)
+#                                  # COV_SHARED=1: a group's cases one after another in one process;
+#                                  # COV_CASES=a,b: only those cases)
 #   bash bench/gpu_batch.sh plan   # side by side on 8 cores each: the deploy flow (warm --artifact, replica,
 #                                  # cold) and plan-only vs a full warm of GPT-2 over 13 families; first the
 #                                  # runtime step's pieces; THEN_COV=cases: those coverage cases after the deploy
@@ -37,7 +38,10 @@ case "$1" in
     fi
     group() {  # $1: name, $2: cases; a cold store, then the same store in fresh processes
       export PRESCREEN_CACHE_DIR=/tmp/store-$1${COV_TAG:-}
-      local runs=("$2"); [[ -n ${COV_SHARED:-} ]] || IFS=, read -ra runs <<< "$2"
+      local cases=$2 runs
+      [[ -z ${COV_CASES:-} ]] || cases=$(tr , '\n' <<< "$2" | grep -xF -f <(tr , '\n' <<< "$COV_CASES") | paste -sd,)
+      [[ -n $cases ]] || return 0
+      runs=("$cases"); [[ -n ${COV_SHARED:-} ]] || IFS=, read -ra runs <<< "$cases"
       for s in cold warm; do  # each run's rows printed as it ends: a call cut off at its limit keeps them
         for cases in "${runs[@]}"; do
           f="$OUT/$1-$s-${cases%%,*}"
