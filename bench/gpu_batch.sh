@@ -38,14 +38,14 @@ case "$1" in
     fi
     group() {  # $1: name, $2: cases; a cold store, then the same store in fresh processes
       export PRESCREEN_CACHE_DIR=/tmp/store-$1${COV_TAG:-}
-      local cases=$2 runs
+      local cases=$2 runs run f
       [[ -z ${COV_CASES:-} ]] || cases=$(tr , '\n' <<< "$2" | grep -xF -f <(tr , '\n' <<< "$COV_CASES") | paste -sd,)
       [[ -n $cases ]] || return 0
       runs=("$cases"); [[ -n ${COV_SHARED:-} ]] || IFS=, read -ra runs <<< "$cases"
       for s in cold warm; do  # each run's rows printed as it ends: a call cut off at its limit keeps them
-        for cases in "${runs[@]}"; do
-          f="$OUT/$1-$s-${cases%%,*}"
-          python3 -P bench/gpu_coverage.py --cases "$cases" ${COV_ARGS:-} --json "$f.json" > "$f.txt" 2>&1
+        for run in "${runs[@]}"; do
+          f="$OUT/$1-$s-${run%%,*}"
+          python3 -P bench/gpu_coverage.py --cases "$run" ${COV_ARGS:-} --json "$f.json" > "$f.txt" 2>&1
           grep "^| [a-z_0-9]* |" "$f.txt" | sed "s/^/${COV_TAG:+$COV_TAG }$s /" | cut -c1-300
         done
       done
