@@ -3,8 +3,8 @@
 On CPU Inductor benchmarks no fusion, but with ``benchmark_fusion`` on it asks ``speedup_by_fusion`` about every
 candidate pair, and prescreen's guard builds the step's plans (each kernel alone and fused) as it does on a GPU.
 This compiles the example block (``dynamic=True``) a few times over a warm store and, at each such call, times one
-way of building the plans, alternating: as the guard builds them (each buffer converted once and relabeled where it
-recurs) and kernel by kernel (a buffer converted again in every kernel and clone). Each is timed once, between the
+way of building the plans, alternating: as the guard builds them (each buffer converted once a step and relabeled
+where it recurs) and kernel by kernel (a buffer converted again in every kernel and clone). Each is timed once, between the
 compile's own work, as the guard meets it (a microbenchmark repeating it would see warm caches and a fraction of
 the time). Then the plans' lookups, all hits. Medians, microseconds; the ratio is from this one run.
 
@@ -32,7 +32,11 @@ def kernel_by_kernel(scheduler: Any, node1: Any, node2: Any) -> list[Any]:
     from prescreen.hooks import inductor_fusion as fus
     from prescreen.hooks.inductor_select import _Converter, benchmark_plan
 
-    conv = _Converter(V.graph.sizevars)
+    class Unshared(_Converter):
+        def tensor(self, name: str, node: Any, layout: Any) -> Any:
+            return self._tensor(name, node, layout)
+
+    conv = Unshared(V.graph.sizevars)
     plans = []
     for kernel_name, nodes in fus._fusion_kernels(node1, node2):
         names, mutated, inplace = fus._kernel_args(scheduler, nodes)

@@ -7,7 +7,6 @@ unfused and unbenchmarked: upstream's own answer when fusing is not faster.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Sequence
@@ -118,28 +117,16 @@ def plans_for_fusion(scheduler: Any, node1: Any, node2: Any) -> list[KernelPlan]
 
     device = _fusion_device(node1)
     conv = _Converter(V.graph.sizevars)
-    converted: dict[str, tuple[list[TensorArg | WorkspaceArg], set[str]]] = {}  # buffer -> its args, its axes
-
-    def tensor(label: str, name: str) -> list[TensorArg | WorkspaceArg]:
-        """A buffer's args under ``label``, its axes met: converted once (it is in several kernels, and cloned)."""
-        if name not in converted:
-            met, conv.axes = conv.axes, set()
-            converted[name] = (_graph_tensor(conv, name, name), conv.axes)
-            conv.axes = met
-        args, axes = converted[name]
-        conv.axes |= axes
-        return [dataclasses.replace(arg, name=label + arg.name[len(name):]) for arg in args]
-
     plans: list[KernelPlan] = []
     for kernel_name, nodes in _fusion_kernels(node1, node2):
         names, mutated, inplace = _kernel_args(scheduler, nodes)
         args: list[TensorArg | WorkspaceArg] = []
         for i, name in enumerate(names):
-            args.extend(tensor(f"buf{i}", name))
+            args.extend(_graph_tensor(conv, f"buf{i}", name))
             if name in mutated:
-                args.extend(tensor(f"buf{i}.clone", name))
+                args.extend(_graph_tensor(conv, f"buf{i}.clone", name))
             if name in mutated or name in inplace:
-                args.extend(tensor(f"buf{i}.autotune_clone", name))
+                args.extend(_graph_tensor(conv, f"buf{i}.autotune_clone", name))
         plans.append(benchmark_plan(conv, args, device, kernel_name))
     return plans
 

@@ -7,6 +7,7 @@ builds their plan off the IR (as ``key_of`` does) and, over budget, hands over o
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import logging
@@ -96,6 +97,9 @@ class _Converter:
         self.statics: dict[str, int] = {}
         self.labels: dict[str, str] = {}
         self.axes: set[str] = set()
+        #: id of (node, layout) -> them (so the ids stay theirs), and the label, args and axes of their first
+        #: conversion: a step meets a buffer again in another kernel, a clone or a workspace copy
+        self._converted: dict[tuple[int, int], tuple[Any, Any, str, list[TensorArg | WorkspaceArg], set[str]]] = {}
 
     def _family(self, sym: Any) -> int:
         """``sym``'s value in plans (its bucket's bound, or its hint), its label recorded."""
@@ -127,7 +131,21 @@ class _Converter:
         return Const(self.hint(e))
 
     def tensor(self, name: str, node: Any, layout: Any) -> list[TensorArg | WorkspaceArg]:
-        """The argument(s) ``rand_strided`` allocates for ``node``: its storage, and its offset if any."""
+        """The argument(s) ``rand_strided`` allocates for ``node``: its storage, and its offset if any, named
+        ``name``; its axes are met again."""
+        key = (id(node), id(layout))
+        if key not in self._converted:
+            met, self.axes = self.axes, set()
+            try:
+                converted = self._tensor(name, node, layout)
+            finally:
+                found, self.axes = self.axes, met
+            self._converted[key] = (node, layout, name, converted, found)
+        _node, _layout, first, args, axes = self._converted[key]
+        self.axes |= axes
+        return [arg if name == first else dataclasses.replace(arg, name=name + arg.name[len(first):]) for arg in args]
+
+    def _tensor(self, name: str, node: Any, layout: Any) -> list[TensorArg | WorkspaceArg]:
         from torch._inductor.virtualized import V
 
         size = list(node.get_size())
