@@ -97,8 +97,8 @@ class _Converter:
         self.statics: dict[str, int] = {}
         self.labels: dict[str, str] = {}
         self.axes: set[str] = set()
-        #: id of (node, layout) -> them (so the ids stay theirs), and the label, args and axes of their first
-        #: conversion: a step meets a buffer again in another kernel, a clone or a workspace copy
+        #: ids of (node, layout) -> both (held, so the ids are not reused) and their first conversion's label,
+        #: args and axes
         self._converted: dict[tuple[int, int], tuple[Any, Any, str, list[TensorArg | WorkspaceArg], set[str]]] = {}
 
     def _family(self, sym: Any) -> int:
@@ -131,8 +131,9 @@ class _Converter:
         return Const(self.hint(e))
 
     def tensor(self, name: str, node: Any, layout: Any) -> list[TensorArg | WorkspaceArg]:
-        """The argument(s) ``rand_strided`` allocates for ``node``: its storage, and its offset if any, named
-        ``name``; its axes are met again."""
+        """The argument(s) ``rand_strided`` allocates for ``node``, its storage and its offset if any, named
+        ``name``: converted once a step (a buffer recurs in its kernels, clones and workspace copies), its axes
+        met again by each use."""
         key = (id(node), id(layout))
         if key not in self._converted:
             met, self.axes = self.axes, set()
