@@ -7,7 +7,6 @@ builds their plan off the IR (as ``key_of`` does) and, over budget, hands over o
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import logging
@@ -97,9 +96,6 @@ class _Converter:
         self.statics: dict[str, int] = {}
         self.labels: dict[str, str] = {}
         self.axes: set[str] = set()
-        #: ids of (node, layout) -> both (held, so the ids are not reused) and their first conversion's label,
-        #: args and axes
-        self._converted: dict[tuple[int, int], tuple[Any, Any, str, list[TensorArg | WorkspaceArg], set[str]]] = {}
 
     def _family(self, sym: Any) -> int:
         """``sym``'s value in plans (its bucket's bound, or its hint), its label recorded."""
@@ -112,7 +108,7 @@ class _Converter:
         return bucket.high
 
     def expr(self, e: Any) -> Expr:
-        if isinstance(e, (int, sympy.Integer)):  # most sizes and strides: no symbol to record or bound
+        if isinstance(e, int):
             return Const(int(e))
         e = sympy.sympify(e)
         for sym in e.free_symbols:
@@ -131,22 +127,7 @@ class _Converter:
         return Const(self.hint(e))
 
     def tensor(self, name: str, node: Any, layout: Any) -> list[TensorArg | WorkspaceArg]:
-        """The argument(s) ``rand_strided`` allocates for ``node``, its storage and its offset if any, named
-        ``name``: converted once a step (a buffer recurs in its kernels, clones and workspace copies), its axes
-        met again by each use."""
-        key = (id(node), id(layout))
-        if key not in self._converted:
-            met, self.axes = self.axes, set()
-            try:
-                converted = self._tensor(name, node, layout)
-            finally:
-                found, self.axes = self.axes, met
-            self._converted[key] = (node, layout, name, converted, found)
-        _node, _layout, first, args, axes = self._converted[key]
-        self.axes |= axes
-        return [arg if name == first else dataclasses.replace(arg, name=name + arg.name[len(first):]) for arg in args]
-
-    def _tensor(self, name: str, node: Any, layout: Any) -> list[TensorArg | WorkspaceArg]:
+        """The argument(s) ``rand_strided`` allocates for ``node``: its storage, and its offset if any."""
         from torch._inductor.virtualized import V
 
         size = list(node.get_size())

@@ -306,43 +306,6 @@ def test_each_plan_of_one_converter_has_the_axes_met_since_the_last() -> None:
     assert first.axis_static_values == third.axis_static_values == (("s0", 4096),)
 
 
-class _Node:
-    """An IR buffer as ``_Converter.tensor`` reads it: s0 x 64 fp16 on CUDA, at an offset, counting its reads."""
-
-    def __init__(self) -> None:
-        self.reads = 0
-
-    def get_size(self) -> list[Any]:
-        self.reads += 1
-        return [_S0, sympy.Integer(64)]
-
-    def get_stride(self) -> list[Any]:
-        return [sympy.Integer(64), sympy.Integer(1)]
-
-    def get_dtype(self) -> torch.dtype:
-        return torch.float16
-
-    def get_device(self) -> torch.device:
-        return torch.device("cuda", 0)
-
-
-def test_a_buffer_met_again_in_a_step_is_relabeled_with_its_axes() -> None:
-    """A step meets a buffer in several kernels, clones and workspace copies: it is converted once, and each
-    use has its own label (the offset's too) and brings the buffer's axes into the plan it is in."""
-    from prescreen.expr import Axis
-
-    node, layout = _Node(), type("Layout", (), {"offset": sympy.Integer(8)})()
-    conv = sel._Converter(_RangedSizeVars())
-    first = conv.tensor("buf0", node, layout)
-    sel.benchmark_plan(conv, first, torch.device("cpu"), "first")  # takes the axes met so far
-    again = conv.tensor("buf1.clone", node, layout)
-    assert [a.name for a in first] == ["buf0", "buf0.offset"]
-    assert again == [dataclasses.replace(a, name=a.name.replace("buf0", "buf1.clone")) for a in first]
-    assert again[0].size == (Axis("s0"), Const(64)) and node.reads == 1
-    assert sel.benchmark_plan(conv, again, torch.device("cpu"), "second").axis_names == ("s0",)
-    assert conv.tensor("other", _Node(), layout)[0].name == "other"  # another node is converted for itself
-
-
 def test_a_symbols_family_follows_its_current_range_name_and_scheme() -> None:
     """Each plan reads a symbol's family as the graph holds it now: a range a guard narrowed, a name from
     ``warm`` and the bucketing scheme all show in the next plan."""
