@@ -2,8 +2,8 @@
 # The GPU figures bench/RESULTS.md still waits for, as device commands that each fit 600 s.
 #   bash bench/gpu_batch.sh cov    # bytecode written, the runtime step's pieces and whole-job table on this host
 #                                  # (NO_STEP_BENCH=1: left out); then the hook share, 17 cases in four groups
-#                                  # side by side, each case a full compile in its own process, all cold store,
-#                                  # then all warm (COV_ARGS: more gpu_coverage options; COV_TAG: names their
+#                                  # side by side, each case a full compile in its own process, cold store, then
+#                                  # warm (COV_ARGS: more gpu_coverage options; COV_TAG: names their
 #                                  # stores and archive, so a second run in the same call starts cold, e.g.
 #                                  # COV_TAG=none COV_ARGS="--switch-interval none" bash bench/gpu_batch.sh cov;
 #                                  # COV_SHARED=1: a group's cases one after another in one process;
@@ -42,18 +42,19 @@ case "$1" in
       [[ -z ${COV_CASES:-} ]] || cases=$(tr , '\n' <<< "$2" | grep -xF -f <(tr , '\n' <<< "$COV_CASES") | paste -sd,)
       [[ -n $cases ]] || return 0
       runs=("$cases"); [[ -n ${COV_SHARED:-} ]] || IFS=, read -ra runs <<< "$cases"
-      for s in cold warm; do  # each run's rows printed as it ends: a call cut off at its limit keeps them
-        for run in "${runs[@]}"; do
+      for run in "${runs[@]}"; do  # a case cold, then warm: a call cut off at its limit keeps whole pairs
+        for s in cold warm; do  # each run's rows printed as it ends
           f="$OUT/$1-$s-${run%%,*}"
           python3 -P bench/gpu_coverage.py --cases "$run" ${COV_ARGS:-} --json "$f.json" > "$f.txt" 2>&1
           grep "^| [a-z_0-9]* |" "$f.txt" | sed "s/^/${COV_TAG:+$COV_TAG }$s /" | cut -c1-300
         done
       done
     }
-    group a mm,mm_transposed,bmm,addmm_bias,mm_epilogue &  # about even in compile seconds
+    # about even in compile seconds; in each group the cases over or near 0.1% before come first
+    group a mm_epilogue,mm,mm_transposed,bmm,addmm_bias &
     group b mlp,transformer_block &
     group c conv2d,conv2d_channels_last,conv3d,int_mm &
-    group d scaled_mm_fp8,flex_attention,conv1d,pointwise_mutated_headroom,pointwise_mutated,reduction_mutated
+    group d pointwise_mutated_headroom,conv1d,scaled_mm_fp8,flex_attention,pointwise_mutated,reduction_mutated
     wait
     cd "$OUT" && tar czf "cov${COV_TAG:+-$COV_TAG}.tgz" ./*-cold* ./*-warm* && rm -f ./*-cold* ./*-warm* ;;  # one file: $OUT brings back 8 at most
   plan)
