@@ -4,8 +4,7 @@ On CPU Inductor benchmarks no fusion, but with ``benchmark_fusion`` on it asks `
 candidate pair, and prescreen's guard builds the step's plans (each kernel alone and fused) as it does on a GPU.
 This compiles the example block (``dynamic=True``) a few times over one store and times, at each such call, the
 plans once and each plan's lookup once (hits after the first compile), between the compile's own work, as the
-guard meets them: a microbenchmark repeating one call sees warm CPU caches and a fraction of the time (a
-conversion shared between a step's kernels looked 0.64x that way, and 0.94x timed like this: it was taken out).
+guard meets them: a microbenchmark repeating one call sees warm CPU caches and a fraction of the time.
 Medians, microseconds.
 
     python -P bench/bench_fusion_step.py [--compiles 5]
