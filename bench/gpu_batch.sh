@@ -7,7 +7,8 @@
 #                                  # stores and archive, so a second run in the same call starts cold, e.g.
 #                                  # COV_TAG=none COV_ARGS="--switch-interval none" bash bench/gpu_batch.sh cov;
 #                                  # COV_SHARED=1: a group's cases one after another in one process;
-#                                  # COV_CASES=a,b: only those cases)
+#                                  # COV_CASES=a,b: only those cases; COV_SERIAL=1: the groups one after another,
+#                                  # so each case compiles alone on the host)
 #   bash bench/gpu_batch.sh plan   # side by side on 8 cores each: the deploy flow (warm --artifact, replica,
 #                                  # cold) and plan-only vs a full warm of GPT-2 over 13 families; first the
 #                                  # runtime step's pieces; THEN_COV=cases: those coverage cases after the deploy
@@ -51,9 +52,10 @@ case "$1" in
       done
     }
     # about even in compile seconds; in each group the cases over or near 0.1% before come first
-    group a mm_epilogue,mm,mm_transposed,bmm,addmm_bias &
-    group b mlp,transformer_block &
-    group c conv2d,conv2d_channels_last,conv3d,int_mm &
+    side() { if [[ -n ${COV_SERIAL:-} ]]; then "$@"; else "$@" & fi; }  # side by side unless COV_SERIAL
+    side group a mm_epilogue,mm,mm_transposed,bmm,addmm_bias
+    side group b mlp,transformer_block
+    side group c conv2d,conv2d_channels_last,conv3d,int_mm
     group d pointwise_mutated_headroom,conv1d,scaled_mm_fp8,flex_attention,pointwise_mutated,reduction_mutated
     wait
     cd "$OUT" && tar czf "cov${COV_TAG:+-$COV_TAG}.tgz" ./*-cold* ./*-warm* && rm -f ./*-cold* ./*-warm* ;;  # one file: $OUT brings back 8 at most
