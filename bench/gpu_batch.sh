@@ -8,7 +8,8 @@
 #                                  # COV_TAG=none COV_ARGS="--switch-interval none" bash bench/gpu_batch.sh cov;
 #                                  # COV_SHARED=1: a group's cases one after another in one process;
 #                                  # COV_CASES=a,b: only those cases; COV_SERIAL=1: the groups one after another,
-#                                  # so each case compiles alone on the host)
+#                                  # so each case compiles alone on the host; COV_STORES=cold: no warm run; whole
+#                                  # models only where COV_CASES names them: gpt2,llama_4layer,resnet50)
 #   bash bench/gpu_batch.sh plan   # side by side on 8 cores each: the deploy flow (warm --artifact, replica,
 #                                  # cold) and plan-only vs a full warm of GPT-2 over 13 families; first the
 #                                  # runtime step's pieces; THEN_COV=cases: those coverage cases after the deploy
@@ -44,7 +45,7 @@ case "$1" in
       [[ -n $cases ]] || return 0
       runs=("$cases"); [[ -n ${COV_SHARED:-} ]] || IFS=, read -ra runs <<< "$cases"
       for run in "${runs[@]}"; do  # a case cold, then warm: a call cut off at its limit keeps whole pairs
-        for s in cold warm; do  # each run's rows printed as it ends
+        for s in ${COV_STORES:-cold warm}; do  # each run's rows printed as it ends
           f="$OUT/$1-$s-${run%%,*}"
           python3 -P bench/gpu_coverage.py --cases "$run" ${COV_ARGS:-} --json "$f.json" > "$f.txt" 2>&1
           grep "^| [a-z_0-9]* |" "$f.txt" | sed "s/^/${COV_TAG:+$COV_TAG }$s /" | cut -c1-300
@@ -56,9 +57,11 @@ case "$1" in
     side group a mm_epilogue,mm,mm_transposed,bmm,addmm_bias
     side group b mlp,transformer_block
     side group c conv2d,conv2d_channels_last,conv3d,int_mm
+    [[ -z ${COV_CASES:-} ]] || side group e gpt2,llama_4layer,resnet50  # minutes each: only when named
     group d pointwise_mutated_headroom,conv1d,scaled_mm_fp8,flex_attention,pointwise_mutated,reduction_mutated
     wait
-    cd "$OUT" && tar czf "cov${COV_TAG:+-$COV_TAG}.tgz" ./*-cold* ./*-warm* && rm -f ./*-cold* ./*-warm* ;;  # one file: $OUT brings back 8 at most
+    cd "$OUT" && shopt -s nullglob && runs=(./*-cold* ./*-warm*) \
+      && tar czf "cov${COV_TAG:+-$COV_TAG}.tgz" "${runs[@]}" && rm -f "${runs[@]}" ;;  # one file: $OUT brings back 8 at most  # one file: $OUT brings back 8 at most
   plan)
     [[ -z ${PYC:-} ]] || write_bytecode > "$OUT/runtime_step.txt" 2>&1
     [[ -n ${NO_STEP_BENCH:-} ]] || python3 -P bench/bench_runtime_step.py --device cuda >> "$OUT/runtime_step.txt" 2>&1

@@ -24,6 +24,8 @@ every benchmark really runs). Measured with ``torch.cuda.max_memory_allocated``:
   keeps the calls per wrapper and the time before that correction.
 
     python bench/gpu_coverage.py [--cases mm,bmm,...] [--json out.json]
+
+``--cases`` also takes whole models (``MODELS``: GPT-2, a 4-layer Llama, ResNet-50, random weights).
 """
 
 from __future__ import annotations
@@ -141,6 +143,30 @@ def case_reduction_mutated() -> tuple[Callable[..., Any], tuple[Any, ...]]:
     return f, (torch.randn(2**16, 2**12, device=dev),)  # 1 GiB, mutated by a reduction kernel
 
 
+def _causal_lm(kind: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """A Hugging Face causal LM with random weights, fp16, 4 x 256 tokens: GPT-2 (124M) or a 4-layer Llama."""
+    import transformers
+
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        config: Any = transformers.GPT2Config()
+        model = transformers.GPT2LMHeadModel(config)
+    else:
+        config = transformers.LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+                                          num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=16)
+        model = transformers.LlamaForCausalLM(config)
+    model = model.to(dev, f16).eval()
+    ids = torch.randint(0, config.vocab_size, (4, 256), device=dev)
+    return (lambda x: model(input_ids=x, use_cache=False).logits), (ids,)
+
+
+def case_resnet50() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    import torchvision
+
+    torch.manual_seed(0)
+    return torchvision.models.resnet50().to(dev, f16).eval(), (_r(16, 3, 224, 224),)
+
+
 def _raise_peak() -> None:
     """Allocate and free 3 GiB: the process's peak now leaves room for upstream to clone on the device."""
     scratch = torch.empty(3 * 2**30, dtype=torch.uint8, device=dev)
@@ -168,6 +194,13 @@ CASES: dict[str, Case] = {
     "pointwise_mutated": case_pointwise_mutated,
     "reduction_mutated": case_reduction_mutated,
     "pointwise_mutated_headroom": case_pointwise_mutated,
+}
+
+#: Whole models (random weights), named with ``--cases``; minutes each, so not in the default run.
+MODELS: dict[str, Case] = {
+    "gpt2": lambda: _causal_lm("gpt2"),
+    "llama_4layer": lambda: _causal_lm("llama"),
+    "resnet50": case_resnet50,
 }
 
 
@@ -461,7 +494,7 @@ def run_case(name: str, meter: Meter, clock: GuardClock) -> dict[str, Any]:
     torch._dynamo.reset()
     torch.cuda.empty_cache()
     try:
-        fn, inputs = CASES[name]()
+        fn, inputs = {**CASES, **MODELS}[name]()
     except Exception as exc:  # e.g. a dtype this stack lacks
         return {"case": name, "ok": False, "error": f"setup: {exc!r}"[:200], "steps": [], "whole_peak": 0,
                 "largest_lookup_estimate": 0, "seconds": 0}
