@@ -61,7 +61,7 @@ case "$1" in
     group d pointwise_mutated_headroom,conv1d,scaled_mm_fp8,flex_attention,pointwise_mutated,reduction_mutated
     wait
     cd "$OUT" && shopt -s nullglob && runs=(./*-cold* ./*-warm*) \
-      && tar czf "cov${COV_TAG:+-$COV_TAG}.tgz" "${runs[@]}" && rm -f "${runs[@]}" ;;  # one file: $OUT brings back 8 at most  # one file: $OUT brings back 8 at most
+      && tar czf "cov${COV_TAG:+-$COV_TAG}.tgz" "${runs[@]}" && rm -f "${runs[@]}" ;;  # one file: $OUT brings back 8 at most
   plan)
     [[ -z ${PYC:-} ]] || write_bytecode > "$OUT/runtime_step.txt" 2>&1
     [[ -n ${NO_STEP_BENCH:-} ]] || python3 -P bench/bench_runtime_step.py --device cuda >> "$OUT/runtime_step.txt" 2>&1
