@@ -21,7 +21,10 @@ every benchmark really runs). Measured with ``torch.cuda.max_memory_allocated``:
   above prescreen's: ``GuardClock``). Building plans, lookups, opening the
   store, logging and the wrappers themselves are in it; the meter's own time
   in each call (``meter_bias``, measured at start) is taken off, and the row
-  keeps the calls per wrapper and the time before that correction.
+  keeps the calls per wrapper and the time before that correction;
+- guard CPU ms: the compiling thread's CPU in the same windows, and the CPU the
+  process's other threads ran meanwhile (``others_cpu_ms_in_guard``): a guard's
+  wall far above its CPU is a wait for the GIL, filled with their work or idle.
 
     python bench/gpu_coverage.py [--cases mm,bmm,...] [--json out.json]
 
@@ -295,20 +298,25 @@ def _guarded_methods() -> dict[str, tuple[Any, str]]:
 
 def timed(fn: Callable[..., Any], seconds: MutableMapping[str, float], key: str,
           calls: MutableMapping[str, int] | None = None,
-          cpu_seconds: MutableMapping[str, float] | None = None) -> Callable[..., Any]:
+          cpu_seconds: MutableMapping[str, float] | None = None,
+          process_seconds: MutableMapping[str, float] | None = None) -> Callable[..., Any]:
     """``fn``, adding the seconds of each call to ``seconds[key]`` (and counting it in ``calls[key]``;
-    with ``cpu_seconds``, adding the calling thread's CPU seconds there too)."""
+    with ``cpu_seconds``, adding the calling thread's CPU seconds there too, and with ``process_seconds``
+    the CPU seconds of all the process's threads)."""
 
     @functools.wraps(fn)  # keeps the signature prescreen checks before it patches
     def timed_call(*args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
         cpu_start = time.thread_time() if cpu_seconds is not None else 0.0
+        process_start = time.process_time() if process_seconds is not None else 0.0
         try:
             return fn(*args, **kwargs)
         finally:
             seconds[key] += time.perf_counter() - start
             if cpu_seconds is not None:
                 cpu_seconds[key] += time.thread_time() - cpu_start
+            if process_seconds is not None:
+                process_seconds[key] += time.process_time() - process_start
             if calls is not None:
                 calls[key] += 1
 
@@ -332,25 +340,28 @@ class GuardClock:
         self.inner = dict.fromkeys(GUARDED, 0.0)
         self.outer_cpu = dict.fromkeys(GUARDED, 0.0)
         self.inner_cpu = dict.fromkeys(GUARDED, 0.0)
+        self.outer_process = dict.fromkeys(GUARDED, 0.0)
+        self.inner_process = dict.fromkeys(GUARDED, 0.0)
         self.calls = dict.fromkeys(GUARDED, 0)
         self.wrapped: list[str] = []
         self.bias, self.bias_cpu = meter_bias()
 
-    def _wrap(self, table: dict[str, float], cpu: dict[str, float], kind: str,
+    def _wrap(self, table: dict[str, float], cpu: dict[str, float], process: dict[str, float], kind: str,
               calls: dict[str, int] | None = None) -> None:
         cls, attr = _guarded_methods()[kind]
         # getattr_static: a method a base class defines (``lookup`` is PersistentCache's in torch 2.11)
-        setattr(cls, attr, timed(inspect.getattr_static(cls, attr), table, kind, calls, cpu_seconds=cpu))
+        setattr(cls, attr, timed(inspect.getattr_static(cls, attr), table, kind, calls, cpu_seconds=cpu,
+                                 process_seconds=process))
 
     def below(self) -> None:
         for kind in GUARDED:
-            self._wrap(self.inner, self.inner_cpu, kind)
+            self._wrap(self.inner, self.inner_cpu, self.inner_process, kind)
 
     def above(self) -> None:
         """Wrap each of prescreen's wrappers; a method prescreen left alone (no Triton) is not counted."""
         for kind, (cls, attr) in _guarded_methods().items():
             if any(name.startswith("_prescreen_original") for name in vars(inspect.getattr_static(cls, attr))):
-                self._wrap(self.outer, self.outer_cpu, kind, self.calls)
+                self._wrap(self.outer, self.outer_cpu, self.outer_process, kind, self.calls)
                 self.wrapped.append(kind)
             else:
                 print(f"prescreen did not wrap {cls.__name__}.{attr} here: not counted")
@@ -364,6 +375,13 @@ class GuardClock:
     def split_cpu(self) -> dict[str, float]:
         """CPU seconds of the compiling thread in prescreen's own code so far, per wrapper (bias taken off)."""
         return {k: self.outer_cpu[k] - self.inner_cpu[k] - self.bias_cpu * self.calls[k] for k in self.wrapped}
+
+    def others_cpu(self) -> float:
+        """CPU seconds the process's other threads ran while prescreen's own code ran (the meter's own time
+        is in both clocks and cancels): where a guard's wall is a wait for the GIL, whether other threads
+        worked through it (Inductor's compile threads, doing work the compile needs) or nothing ran."""
+        return sum((self.outer_process[k] - self.inner_process[k]) - (self.outer_cpu[k] - self.inner_cpu[k])
+                   for k in self.wrapped)
 
 
 def meter_bias(n: int = 50_000) -> tuple[float, float]:
@@ -517,6 +535,7 @@ def run_case(name: str, meter: Meter, clock: GuardClock) -> dict[str, Any]:
     largest_before = COUNTERS.largest_estimate
     COUNTERS.largest_estimate = 0
     lookup_before, guard_before, cpu_before = COUNTERS.seconds, clock.split(), clock.split_cpu()
+    others_before = clock.others_cpu()
     raw_before, calls_before = clock.split(raw=True), dict(clock.calls)
     start = time.perf_counter()
     row: dict[str, Any] = {"case": name}
@@ -552,6 +571,7 @@ def run_case(name: str, meter: Meter, clock: GuardClock) -> dict[str, Any]:
     guard_cpu = sum(v - cpu_before.get(k, 0.0) for k, v in clock.split_cpu().items())
     row["guard_cpu_ms"] = round(guard_cpu * 1000, 2)
     row["guard_cpu_share"] = f"{guard_cpu / max(elapsed, 1e-9):.4%}"
+    row["others_cpu_ms_in_guard"] = round((clock.others_cpu() - others_before) * 1000, 2)
     row["largest_lookup_estimate"] = COUNTERS.largest_estimate
     COUNTERS.largest_estimate = max(largest_before, COUNTERS.largest_estimate)
     row["steps"] = list(meter.steps)

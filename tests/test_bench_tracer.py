@@ -34,3 +34,32 @@ def test_traced_lookups_still_decide(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert (first.hit, again.hit, first.decision.tune) == (False, True, True)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  lookup autotune:")]
     assert [" hit False " in lines[0], " hit True " in lines[1]] == [True, True]
+
+
+def test_meter_tells_other_threads_work_from_an_idle_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A guard's wall beyond its CPU is a wait: the meter's process clock says whether other threads
+    worked through it (as Inductor's compile threads do) or the process sat idle."""
+    import threading
+    import time
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    import gpu_coverage
+
+    def burn() -> None:
+        end = time.thread_time() + 0.2
+        while time.thread_time() < end:
+            pass
+
+    def waits_for_a_busy_thread() -> None:
+        worker = threading.Thread(target=burn)
+        worker.start()
+        worker.join()
+
+    for fn, busy in ((waits_for_a_busy_thread, True), (lambda: time.sleep(0.2), False)):
+        wall: dict[str, float] = {"x": 0.0}
+        own: dict[str, float] = {"x": 0.0}
+        process: dict[str, float] = {"x": 0.0}
+        gpu_coverage.timed(fn, wall, "x", cpu_seconds=own, process_seconds=process)()
+        others = process["x"] - own["x"]
+        assert wall["x"] >= 0.19 and own["x"] < 0.05
+        assert (others >= 0.15) is busy, (fn, wall, own, process)
