@@ -10,6 +10,9 @@
 #                                  # COV_CASES=a,b: only those cases; COV_SERIAL=1: the groups one after another,
 #                                  # so each case compiles alone on the host; COV_STORES=cold: no warm run; whole
 #                                  # models only where COV_CASES names them: gpt2,llama_4layer,resnet50)
+#   bash bench/gpu_batch.sh models # the whole models side by side, cold store, each in its own process, stopped
+#                                  # with SIGINT at MODELS_LIMIT s (default: what is left of 570 s): a model
+#                                  # unfinished by then gives the share of the part of its compile that ran
 #   bash bench/gpu_batch.sh plan   # side by side on 8 cores each: the deploy flow (warm --artifact, replica,
 #                                  # cold) and plan-only vs a full warm of GPT-2 over 13 families; first the
 #                                  # runtime step's pieces; THEN_COV=cases: those coverage cases after the deploy
@@ -18,7 +21,7 @@
 #                                    # warm of GPT-2, then the five smallest coverage cases, cold then warm store
 # Needs the prescreen, diskcache and redis wheels under .whl/ (see the device README); writes to $OUT.
 set -uo pipefail
-[[ ${1:-} =~ ^(cov|plan|audit|profile)$ ]] || { echo "usage: bash bench/gpu_batch.sh cov|plan|audit|profile" >&2; exit 2; }
+[[ ${1:-} =~ ^(cov|models|plan|audit|profile)$ ]] || { echo "usage: bash bench/gpu_batch.sh cov|models|plan|audit|profile" >&2; exit 2; }
 SMALL=pointwise_mutated_headroom,conv1d,conv2d,conv2d_channels_last,mm_epilogue,conv3d  # over or near 0.1% before
 OUT=${OUT:-$(mktemp -d)}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -62,6 +65,16 @@ case "$1" in
     wait
     cd "$OUT" && shopt -s nullglob && runs=(./*-cold* ./*-warm*) \
       && tar czf "cov${COV_TAG:+-$COV_TAG}.tgz" "${runs[@]}" && rm -f "${runs[@]}" ;;  # one file: $OUT brings back 8 at most
+  models)
+    write_bytecode > "$OUT/bytecode.txt" 2>&1
+    limit=${MODELS_LIMIT:-$((570 - SECONDS))}
+    for m in ${MODELS:-gpt2 llama_4layer resnet50}; do
+      PRESCREEN_CACHE_DIR=/tmp/store-$m timeout -s INT -k 15 "$limit" python3 -P bench/gpu_coverage.py --cases "$m" \
+        --json "$OUT/e-cold-$m.json" > "$OUT/e-cold-$m.txt" 2>&1 &
+    done
+    wait
+    grep -h "^| [a-z_0-9]* |" "$OUT"/e-cold-*.txt | cut -c1-300
+    cd "$OUT" && tar czf models.tgz ./e-cold-* && rm -f ./e-cold-* ;;
   plan)
     [[ -z ${PYC:-} ]] || write_bytecode > "$OUT/runtime_step.txt" 2>&1
     [[ -n ${NO_STEP_BENCH:-} ]] || python3 -P bench/bench_runtime_step.py --device cuda >> "$OUT/runtime_step.txt" 2>&1

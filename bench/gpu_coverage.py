@@ -551,6 +551,10 @@ def run_case(name: str, meter: Meter, clock: GuardClock) -> dict[str, Any]:
             row["max_abs_err"] = float((out.float().cpu() - ref).abs().max())
         del out
         row["ok"] = True
+    except KeyboardInterrupt:  # ``timeout -s INT``: the compile so far is still a share (a whole model's minutes)
+        row["ok"] = False
+        row["error"] = "interrupted: the compile did not finish; its figures cover the part that ran"
+        row["whole_peak"] = meter.peak() - base
     except Exception as exc:
         row["ok"] = False
         row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
@@ -665,6 +669,8 @@ def main() -> None:
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump(rows, fh, indent=1)
+        if str(row.get("error", "")).startswith("interrupted"):
+            break
     print("\n| case | ok | estimate MiB | whole-compile peak MiB | of which first-call output MiB | "
           "step peak MiB (largest step) | estimate / step peak | min over steps | steps | s | guard ms | guard share | "
           "guard CPU ms (compile thread) | CPU share |")
