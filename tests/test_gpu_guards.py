@@ -102,3 +102,48 @@ def test_runtime_autotune_that_fits_is_looked_up_and_benchmarked(fresh: Any) -> 
     assert COUNTERS.lookups > before
     tuned = [e for e in fresh.entries() if e.kernel.startswith("autotune:")]
     assert tuned and all(e.decision.tune for e in tuned)
+
+
+def _epilogue(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    return torch.relu(a @ b) * c
+
+
+def _fused_benchmark_runs_out(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Every fused-kernel benchmark of the scheduler raises an OOM; returns, per call, whether it came inside
+    ``speedup_by_fusion`` (False: in the benchmark upstream defers until the kernels compile)."""
+    import inspect
+
+    from torch._inductor import scheduler
+
+    where: list[bool] = []
+
+    def oom(*args: Any, **kwargs: Any) -> Any:
+        where.append(any(f.function == "speedup_by_fusion" for f in inspect.stack(0)))
+        raise torch.OutOfMemoryError(OOM_TEXT)
+
+    monkeypatch.setattr(scheduler.Scheduler, "benchmark_codegened_module", oom)
+    return where
+
+
+def test_deferred_fusion_benchmark_oom_is_retried_and_stored(fresh: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Upstream benchmarks the fused template after ``speedup_by_fusion`` returns, once the kernels compile: an
+    OOM there kills upstream's compile; with prescreen the kernels stay unfused and the fact is stored."""
+    import torch._inductor.config as ic
+
+    import prescreen
+    from prescreen.decision import is_observed_oom
+    from prescreen.hooks.oom import is_oom
+
+    a, b, c = (torch.randn(2048, 2048, device="cuda", dtype=torch.float16) for _ in range(3))
+    ref = torch.relu(a @ b) * c
+    where = _fused_benchmark_runs_out(monkeypatch)
+    with ic.patch(benchmark_epilogue_fusion=True):
+        with pytest.raises(Exception) as upstream:  # upstream, as a differential
+            torch.compile(_epilogue, mode="max-autotune-no-cudagraphs")(a, b, c)
+        assert is_oom(upstream.value) and where and not any(where), where  # in the deferred benchmark
+        torch._dynamo.reset()
+        with prescreen.installed(store=fresh, ratio=1.0):
+            out = torch.compile(_epilogue, mode="max-autotune-no-cudagraphs")(a, b, c)
+    torch.testing.assert_close(out, ref, atol=1e-1, rtol=1e-2)
+    observed = [e for e in fresh.entries() if is_observed_oom(e.decision)]
+    assert observed and all(e.kernel.startswith("fusion:") for e in observed), [e.kernel for e in fresh.entries()]

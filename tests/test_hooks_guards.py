@@ -76,6 +76,51 @@ def test_fusion_oom_leaves_kernels_unfused_and_is_remembered(fusion_on_gpu: Disk
     assert calls == [1]
 
 
+def _deferred(benchmark: Any) -> Any:
+    """``speedup_by_fusion``'s deferred answer, as torch returns it: the benchmark to run once the kernels compile."""
+    from torch._inductor import scheduler
+
+    if not hasattr(scheduler, "FusionResult"):
+        pytest.skip("this torch answers speedup_by_fusion with a bool")
+    return scheduler.FusionResult.from_callable(benchmark, future=None)
+
+
+def test_fusion_oom_in_the_deferred_benchmark_is_caught_and_remembered(fusion_on_gpu: DiskStore) -> None:
+    """Upstream benchmarks the fused kernel after the call, once it compiles (``_finish_pending_fusions``): an OOM
+    there leaves the kernels unfused and is stored, as one in the call is."""
+    runs: list[int] = []
+
+    def benchmark_when_ready() -> bool:
+        runs.append(1)
+        raise torch.OutOfMemoryError(OOM_TEXT)
+
+    guarded = fus._wrap_fusion(lambda self, a, b: _deferred(benchmark_when_ready))
+    result = guarded(None, object(), object())
+    assert type(result).__name__ == "FusionResult" and result.should_fuse is None
+    assert [e.decision.action for e in fusion_on_gpu.entries()] == ["tune"] and runs == []
+    assert result.callable_fn() is False and runs == [1]
+    (entry,) = list(fusion_on_gpu.entries())
+    assert is_observed_oom(entry.decision) and "requested_bytes=536870912" in entry.decision.reason
+    assert not _should_fuse(guarded(None, object(), object()))  # a hit: never benchmarked again
+    assert runs == [1]
+
+
+@pytest.mark.parametrize("answer", [True, False])
+def test_fusion_deferred_benchmark_answers_as_upstream(fusion_on_gpu: DiskStore, answer: bool) -> None:
+    guarded = fus._wrap_fusion(lambda self, a, b: _deferred(lambda: answer))
+    assert guarded(None, object(), object()).callable_fn() is answer
+
+
+def test_fusion_deferred_benchmark_error_that_is_not_an_oom_propagates(fusion_on_gpu: DiskStore) -> None:
+    def broken() -> bool:
+        raise RuntimeError("triton: an invalid config")
+
+    result = fus._wrap_fusion(lambda self, a, b: _deferred(broken))(None, object(), object())
+    with pytest.raises(RuntimeError, match="invalid config"):
+        result.callable_fn()
+    assert [e.decision.action for e in fusion_on_gpu.entries()] == ["tune"]
+
+
 def test_fusion_guard_error_lets_upstream_decide(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(_a: Any, _b: Any) -> bool:
         raise AttributeError("no such node field in this torch")
