@@ -589,7 +589,9 @@ def run_case(name: str, meter: Meter, clock: GuardClock) -> dict[str, Any]:
     row["guard_share"] = f"{guard / max(elapsed, 1e-9):.4%}"
     # CPU time: the compiling thread's in prescreen's code (its store writes included: they are synchronous);
     # the wall time above also holds waits for the GIL other threads held
-    guard_cpu = sum(v - cpu_before.get(k, 0.0) for k, v in clock.split_cpu().items())
+    split_cpu = {k: v - cpu_before.get(k, 0.0) for k, v in clock.split_cpu().items()}
+    guard_cpu = sum(split_cpu.values())
+    row["guard_cpu_ms_by_wrapper"] = {k: round(v * 1000, 3) for k, v in split_cpu.items()}
     row["guard_cpu_ms"] = round(guard_cpu * 1000, 2)
     row["guard_cpu_share"] = f"{guard_cpu / max(elapsed, 1e-9):.4%}"
     row["others_cpu_ms_in_guard"] = round((clock.others_cpu() - others_before) * 1000, 2)
