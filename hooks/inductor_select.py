@@ -181,15 +181,19 @@ def flush_buffer_bytes(device: Any) -> int:
         return TRITON_FLUSH_BYTES
 
 
-#: cuDNN's workspace for the ATen convolution choice, in copies of (input + output), measured on an H200 (torch
-#: 2.11, fp16, bench/gpu_coverage.py): 2x for contiguous conv2d/conv3d (NHWC kernels), 1x for channels-last.
-CONV_WORKSPACE_COPIES = {"contiguous": 2, "channels_last": 1}
+#: cuDNN's workspace for the ATen convolution choice, in copies of (input + output) and of the weight, measured
+#: with torch 2.11, fp16 (bench/gpu_coverage.py): on contiguous tensors its NHWC kernels transform input, output
+#: and filter, 2 copies of (input + output) on an H200 plus one of the weight (ResNet-50's 512x512x3x3 on 7x7
+#: read 1.7% over without it, H100); on channels-last ones 1 copy of (input + output).
+CONV_WORKSPACE_COPIES = {"contiguous": (2, 1), "channels_last": (1, 0)}
 
 
-def extern_workspace_copies(name: str, device: Any, conv: _Converter | None = None, node: Any = None) -> int:
-    """Copies of (input + output) the extern choice of selection ``name`` needs as workspace (0 on CPU)."""
+def extern_workspace_copies(name: str, device: Any, conv: _Converter | None = None,
+                            node: Any = None) -> tuple[int, int]:
+    """Copies of (input + output), and of the weight, the extern choice of selection ``name`` needs as workspace
+    (none on CPU)."""
     if getattr(device, "type", "cpu") in ("cpu", "meta") or name != "convolution":
-        return 0
+        return 0, 0
     try:  # channels last: channel dim (1) of stride 1 with more than one channel (NHWC / NDHWC / NLC)
         size, stride = list(node.get_size()), list(_strides_of(node))
         if conv is not None and len(size) >= 3 and conv.hint(stride[1]) == 1 and conv.hint(size[1]) > 1:
@@ -207,21 +211,23 @@ def plan_for_selection(name: str, input_nodes: Sequence[Any], layout: Any) -> Ke
     conv = _Converter(V.graph.sizevars)
     args: list[TensorArg | WorkspaceArg] = []
     seen: set[str] = set()
-    first: Any = None
+    bases: list[Any] = []
     for i, node in enumerate(input_nodes):
         node_name = node.get_name()
         if node_name in seen:
             continue
         seen.add(node_name)
         base = node.unwrap_view() if isinstance(node, ir.BaseView) else node
-        first = base if first is None else first
+        bases.append(base)
         args.extend(conv.tensor(f"input{i}", base, base.get_layout()))
     out = ir.Buffer(name="prescreen_out", layout=layout)
     args.extend(conv.tensor("output", out, layout))
-    for copy in range(extern_workspace_copies(name, layout.device, conv, first) if first is not None else 0):
-        # the library workspace, in copies of (input + output): sized by the same expressions
-        args.extend(conv.tensor(f"extern_workspace{copy}.input0", first, first.get_layout()))
+    copies, weight_copies = extern_workspace_copies(name, layout.device, conv, bases[0]) if bases else (0, 0)
+    for copy in range(copies):  # the library workspace, sized by the same expressions
+        args.extend(conv.tensor(f"extern_workspace{copy}.input0", bases[0], bases[0].get_layout()))
         args.extend(conv.tensor(f"extern_workspace{copy}.output", out, layout))
+    for copy in range(weight_copies if len(bases) > 1 else 0):  # convolution(input, weight[, bias])
+        args.extend(conv.tensor(f"extern_workspace{copy}.input1", bases[1], bases[1].get_layout()))
     return benchmark_plan(conv, args, layout.device, f"select:{name}")
 
 

@@ -283,9 +283,9 @@ def test_an_autotune_with_another_signature_is_left_alone(monkeypatch: pytest.Mo
 
 def test_conv_workspace_copies_on_gpus_only() -> None:
     cuda = torch.device("cuda", 0)
-    assert sel.extern_workspace_copies("convolution", cuda) == sel.CONV_WORKSPACE_COPIES["contiguous"] == 2
-    assert sel.extern_workspace_copies("convolution", torch.device("cpu")) == 0
-    assert sel.extern_workspace_copies("mm", cuda) == 0
+    assert sel.extern_workspace_copies("convolution", cuda) == sel.CONV_WORKSPACE_COPIES["contiguous"] == (2, 1)
+    assert sel.extern_workspace_copies("convolution", torch.device("cpu")) == (0, 0)
+    assert sel.extern_workspace_copies("mm", cuda) == (0, 0)
 
 
 def test_channels_last_input_needs_one_workspace_copy() -> None:
@@ -304,8 +304,42 @@ def test_channels_last_input_needs_one_workspace_copy() -> None:
 
     cuda = torch.device("cuda", 0)
     nhwc, nchw = Node([65536, 1, 2048, 64]), Node([65536, 1024, 32, 1])
-    assert sel.extern_workspace_copies("convolution", cuda, Conv(), nhwc) == 1
-    assert sel.extern_workspace_copies("convolution", cuda, Conv(), nchw) == 2
+    assert sel.extern_workspace_copies("convolution", cuda, Conv(), nhwc) == (1, 0)
+    assert sel.extern_workspace_copies("convolution", cuda, Conv(), nchw) == (2, 1)
+
+
+class _StaticSizeVars:
+    def optimization_hint(self, e: Any, fallback: int = 0) -> int:
+        return int(e)
+
+    size_hint = optimization_hint
+
+
+@pytest.mark.parametrize(("strides", "copies"), [
+    (([25088, 49, 7, 1], [4608, 9, 3, 1]), (2, 1)),  # contiguous: cuDNN transforms input, output and filter
+    (([25088, 1, 3584, 512], [4608, 1, 1536, 512]), (1, 0)),  # channels-last
+])
+def test_convolution_selection_plan_counts_cudnns_workspace(strides: tuple[list[int], list[int]],
+                                                            copies: tuple[int, int]) -> None:
+    """ResNet-50's 512x512x3x3 convolution on 16x512x7x7 fp16: the plan holds input, weight, output, the
+    workspace's copies of (input + output) and of the weight, flush and slack."""
+    from torch._inductor import ir
+    from torch._inductor.virtualized import V
+
+    from prescreen.budget import Budget
+    from prescreen.decision import decide
+
+    cuda = torch.device("cuda", 0)
+    x = ir.Buffer(name="x", layout=ir.FixedLayout(cuda, torch.float16, [16, 512, 7, 7], strides[0]))
+    w = ir.Buffer(name="w", layout=ir.FixedLayout(cuda, torch.float16, [512, 512, 3, 3], strides[1]))
+    out = ir.FixedLayout(cuda, torch.float16, [16, 512, 7, 7], strides[0])
+    graph = types.SimpleNamespace(sizevars=_StaticSizeVars())
+    with V.set_graph_handler(graph):  # type: ignore[arg-type]
+        plan = sel.plan_for_selection("convolution", [x, w], out)
+    activation, weight = 16 * 512 * 49 * 2, 512 * 512 * 9 * 2
+    expected = (2 * activation + weight) + copies[0] * 2 * activation + copies[1] * weight
+    fixed = sel.flush_buffer_bytes(cuda) + sel.GPU_SLACK_BYTES
+    assert decide(plan, Budget("cuda", 2**40, 1.0)).estimated_bytes == expected + fixed
 
 
 _S0 = sympy.Symbol("s0", positive=True, integer=True)
