@@ -59,7 +59,7 @@ case "$1" in
     side() { if [[ -n ${COV_SERIAL:-} ]]; then "$@"; else "$@" & fi; }  # side by side unless COV_SERIAL
     side group a mm_epilogue,mm,mm_transposed,bmm,addmm_bias
     side group b mlp,transformer_block
-    side group c conv2d,conv2d_channels_last,conv3d,int_mm
+    side group c conv2d,conv2d_channels_last,conv3d,conv2d_weight_heavy,int_mm
     [[ -z ${COV_CASES:-} ]] || side group e gpt2,llama_4layer,resnet50  # minutes each: only when named
     group d pointwise_mutated_headroom,conv1d,scaled_mm_fp8,flex_attention,pointwise_mutated,reduction_mutated
     wait

@@ -110,6 +110,12 @@ def _conv(dim: int, channels_last: bool = False) -> tuple[Callable[..., Any], tu
     return model, (x,)
 
 
+def case_conv2d_weight_heavy() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """ResNet-50's stage-4 3x3 convolution: a weight (4.5 MiB) larger than its activations (0.8 MiB each)."""
+    torch.manual_seed(0)
+    return torch.nn.Conv2d(512, 512, 3, padding=1, bias=False).to(dev, f16).eval(), (_r(16, 512, 7, 7),)
+
+
 def case_int_mm() -> tuple[Callable[..., Any], tuple[Any, ...]]:
     a = torch.randint(-8, 8, (8192, 4096), device=dev, dtype=torch.int8)
     b = torch.randint(-8, 8, (4096, 4096), device=dev, dtype=torch.int8)
@@ -193,6 +199,7 @@ CASES: dict[str, Case] = {
     "conv2d": lambda: _conv(2),
     "conv2d_channels_last": lambda: _conv(2, channels_last=True),
     "conv3d": lambda: _conv(3),
+    "conv2d_weight_heavy": case_conv2d_weight_heavy,
     "int_mm": case_int_mm,
     "scaled_mm_fp8": case_scaled_mm,
     "flex_attention": case_flex,
