@@ -182,9 +182,9 @@ def flush_buffer_bytes(device: Any) -> int:
 
 
 #: cuDNN's workspace for the ATen convolution choice, in copies of (input + output) and of the weight, measured
-#: with torch 2.11, fp16 (bench/gpu_coverage.py): on contiguous tensors its NHWC kernels transform input, output
-#: and filter, 2 copies of (input + output) on an H200 plus one of the weight (ResNet-50's 512x512x3x3 on 7x7
-#: read 1.7% over without it, H100); on channels-last ones 1 copy of (input + output).
+#: with torch 2.11, fp16 (bench/gpu_coverage.py). Contiguous: 2 copies of (input + output) on an H200, and one
+#: of the weight, ResNet-50's 512x512x3x3 on 7x7 (H100) reading exactly that much over them, as if its NHWC
+#: kernels transform the filter too. Channels-last: 1 copy of (input + output).
 CONV_WORKSPACE_COPIES = {"contiguous": (2, 1), "channels_last": (1, 0)}
 
 
