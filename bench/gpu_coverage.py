@@ -35,7 +35,6 @@ every benchmark really runs). Measured with ``torch.cuda.max_memory_allocated``:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import inspect
 import json
@@ -492,18 +491,18 @@ def instrument(meter: Meter) -> None:
             result = inner_fusion(self, node1, node2, *args, **kwargs)
         finally:
             meter.exit()
-        deferred = getattr(result, "callable_fn", None)
-        if deferred is None:
-            return result
 
-        def benchmark_when_ready() -> Any:  # upstream's fused benchmark, run once the kernels compile
-            meter.enter("fusion", "epilogue, deferred", lambda: est)
-            try:
-                return deferred()
-            finally:
-                meter.exit()
+        def metered(deferred: Callable[[], bool]) -> Callable[[], bool]:
+            def benchmark_when_ready() -> bool:  # upstream's fused benchmark, run once the kernels compile
+                meter.enter("fusion", "epilogue, deferred", lambda: est)
+                try:
+                    return deferred()
+                finally:
+                    meter.exit()
 
-        return dataclasses.replace(result, callable_fn=benchmark_when_ready)
+            return benchmark_when_ready
+
+        return fus.map_deferred(result, metered)
 
     scheduler.Scheduler.speedup_by_fusion = fusion  # type: ignore[method-assign]
 

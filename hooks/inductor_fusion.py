@@ -26,7 +26,7 @@ from prescreen.hooks.inductor_select import (
 from prescreen.plan import KernelPlan, TensorArg, WorkspaceArg
 from prescreen.service import lookup_or_decide
 
-__all__ = ["patch", "plans_for_fusion", "unpatch"]
+__all__ = ["map_deferred", "patch", "plans_for_fusion", "unpatch"]
 
 _FUSION_PARAMS = ("self", "node1", "node2")
 
@@ -148,6 +148,16 @@ def _no_fusion() -> Any:
     return result_cls.fuse(False) if result_cls is not None and hasattr(result_cls, "fuse") else False
 
 
+def map_deferred(result: Any, wrap: Callable[[Callable[[], bool]], Callable[[], bool]]) -> Any:
+    """``speedup_by_fusion``'s ``result`` with ``wrap`` around the benchmark it defers: the kernels compile in the
+    background and upstream benchmarks them once they are ready, outside the call (``FusionResult.callable_fn``,
+    run by ``_finish_pending_fusions``). Unchanged where nothing is deferred."""
+    deferred = getattr(result, "callable_fn", None)
+    if deferred is None or not hasattr(result, "__dataclass_fields__"):
+        return result
+    return dataclasses.replace(result, callable_fn=wrap(deferred))
+
+
 def _wrap_fusion(original: Callable[..., Any]) -> Callable[..., Any]:
     """``Scheduler.speedup_by_fusion`` guarded: over budget, or on an OOM (in the call or in the benchmark it
     defers), the template and its epilogue stay separate kernels (upstream's answer when fusing is not faster)."""
@@ -184,12 +194,8 @@ def _wrap_fusion(original: Callable[..., Any]) -> Callable[..., Any]:
                              "the unfused kernels")
 
         result = retried(lambda: original(self, node1, node2, *args, **kwargs), _no_fusion)
-        deferred = getattr(result, "callable_fn", None)
-        if deferred is None or not hasattr(result, "__dataclass_fields__"):
-            return result
-        # the kernels compile in the background and upstream benchmarks them once they are ready, outside this
-        # call (``_finish_pending_fusions``): that benchmark gets the same retry, "not faster" its fallback
-        return dataclasses.replace(result, callable_fn=lambda: retried(deferred, lambda: False))
+        # the deferred benchmark gets the same retry, "not faster" its fallback
+        return map_deferred(result, lambda deferred: lambda: retried(deferred, lambda: False))
 
     setattr(guarded_fusion, ORIGINAL_ATTR, original)
     return guarded_fusion
