@@ -18,7 +18,7 @@ import sympy
 
 from prescreen import families
 from prescreen.errors import NotBounded
-from prescreen.expr import Const, Expr, expr_from_sympy
+from prescreen.expr import Const, Expr, expr_from_sympy, grows
 from prescreen.hooks import oom, state
 from prescreen.plan import KernelPlan, TensorArg, WorkspaceArg
 from prescreen.service import lookup_or_decide
@@ -64,30 +64,10 @@ def _source_name(shape_env: Any, sym: Any) -> str | None:
         return None
 
 
-def _grows(e: Any) -> bool:
-    """True when ``e`` cannot shrink as its (non-negative) symbols grow, so it may be taken at a bucket's upper
-    bound: sums, products with non-negative constants, positive powers and floor division by a positive
-    constant of growing terms. Anything else (``64 - s0``, ``4096 // s0``) is taken at the hint."""
-    if not e.free_symbols or isinstance(e, sympy.Symbol):
-        return True
-    if isinstance(e, sympy.Add):
-        return all(_grows(a) for a in e.args)
-    if isinstance(e, sympy.Mul):
-        return all(_grows(a) if a.free_symbols else bool(a >= 0) for a in e.args)
-    if isinstance(e, sympy.Pow):
-        return isinstance(e.exp, sympy.Integer) and int(e.exp) >= 1 and _grows(e.base)
-    if isinstance(e, sympy.floor) and len(e.args) == 1:
-        return _grows(e.args[0])
-    if any(cls.__name__ == "FloorDiv" for cls in type(e).__mro__) and len(e.args) == 2:
-        num, den = e.args
-        return _grows(num) and not den.free_symbols and bool(den > 0)
-    return False
-
-
 class _Converter:
     """Turns IR sizes into expressions over axes named after their symbols, each at its hint's shape-family bound
     (``prescreen.families``, within the ShapeEnv's range) so no hint in the bucket is undercounted; what the
-    estimator cannot read, or is not known to grow (``_grows``), is taken at the hint. One per guarded step."""
+    estimator cannot read, or is not known to grow (``expr.grows``), is taken at the hint. One per guarded step."""
 
     def __init__(self, sizevars: Any, scheme: families.Scheme | None = None) -> None:
         self.hint = _hint_fn(sizevars)
@@ -119,7 +99,7 @@ class _Converter:
             converted = expr_from_sympy(e)
         except NotBounded:
             return self._at_hint(e)  # the benchmark uses the concrete hint anyway
-        return converted if _grows(e) else self._at_hint(e)
+        return converted if grows(converted) else self._at_hint(e)
 
     def _at_hint(self, e: Any) -> Const:
         if any(families.retarget(h) != h for h in map(self.hint, e.free_symbols)):

@@ -9,6 +9,7 @@ value; forms only torch_npu accepts (a bool, a multi-key dict, an empty ``mul``)
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Union
@@ -136,6 +137,35 @@ def evaluate(expr: Expr, env: Mapping[str, int]) -> int:
             raise NotBounded(Reason.DIVISION_BY_ZERO, f"floordiv by zero ({num} // 0)")
         return num // den
     raise NotBounded(Reason.UNKNOWN_EXPR, f"unsupported expression node {expr!r}")
+
+
+def grows(expr: Expr) -> bool:
+    """True when ``expr`` cannot shrink as its (non-negative) axes grow, so it may be read at a bucket's upper
+    bound: sums, products with non-negative constants and floor division by a positive constant of growing
+    terms. Anything else (``64 - s0``, ``4096 // s0``, a runtime argument) is read at the hint."""
+    return _growth(expr)[0]
+
+
+def _growth(expr: Expr) -> tuple[bool, int | None]:
+    """(``grows(expr)``, its value where it has no axes), in one pass over the tree."""
+    if isinstance(expr, Const):
+        return True, expr.value
+    if isinstance(expr, Axis):
+        return True, None
+    if isinstance(expr, (Add, Mul)):
+        parts = [_growth(e) for e in expr.operands]
+        values = [v for _, v in parts]
+        if None not in values:
+            return True, (sum if isinstance(expr, Add) else math.prod)(values)  # type: ignore[arg-type]
+        if isinstance(expr, Add):
+            return all(g for g, _ in parts), None
+        return all(g if v is None else v >= 0 for g, v in parts), None
+    if isinstance(expr, FloorDiv):
+        (up, num), (_, den) = _growth(expr.numerator), _growth(expr.denominator)
+        if num is not None and den:
+            return True, num // den
+        return up and den is not None and den > 0, None
+    return False, None
 
 
 def expr_from_sympy(expr: sympy.Expr | int) -> Expr:

@@ -15,6 +15,7 @@ from prescreen.expr import (
     Add,
     Axis,
     Const,
+    Expr,
     FloorDiv,
     Mul,
     RuntimeArg,
@@ -22,6 +23,7 @@ from prescreen.expr import (
     expr_from_payload,
     expr_from_sympy,
     expr_to_payload,
+    grows,
 )
 
 S0, S1, S2 = sympy.symbols("s0 s1 s2", integer=True, positive=True)
@@ -221,3 +223,35 @@ _sym_exprs = st.recursive(
 def test_from_sympy_agrees_with_sympy(expr: sympy.Expr, a: int, b: int, c: int) -> None:
     expected = expr.subs({S0: a, S1: b, S2: c})
     assert evaluate(expr_from_sympy(expr), {"s0": a, "s1": b, "s2": c}) == int(expected)
+
+
+def _signed_trees() -> st.SearchStrategy[Expr]:
+    """Trees over s0, s1 with constants of either sign: what ``grows`` must not misjudge."""
+    leaf = st.one_of(st.integers(-4, 8).map(Const), st.sampled_from(("s0", "s1")).map(Axis))
+    return st.recursive(leaf, lambda kids: st.one_of(
+        st.lists(kids, min_size=1, max_size=3).map(lambda xs: Add(tuple(xs))),
+        st.lists(kids, min_size=1, max_size=3).map(lambda xs: Mul(tuple(xs))),
+        st.tuples(kids, kids).map(lambda p: FloorDiv(*p))), max_leaves=8)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_signed_trees(), st.tuples(st.integers(1, 50), st.integers(1, 50)), st.tuples(st.integers(0, 50),
+                                                                                      st.integers(0, 50)))
+def test_an_expression_that_grows_never_shrinks_as_its_axes_grow(expr: Expr, low: tuple[int, int],
+                                                                  step: tuple[int, int]) -> None:
+    """``grows`` is what lets a size be read at a bucket's upper bound: a shrinking one read there undercounts."""
+    high = (low[0] + step[0], low[1] + step[1])
+    if not grows(expr):
+        return
+    try:
+        assert evaluate(expr, dict(zip(("s0", "s1"), low))) <= evaluate(expr, dict(zip(("s0", "s1"), high)))
+    except NotBounded as exc:  # a division by zero: never read at a bound either
+        assert exc.reason is Reason.DIVISION_BY_ZERO
+
+
+def test_growth_of_each_node() -> None:
+    s0 = Axis("s0")
+    assert grows(Add((s0, Const(-1)))) and grows(Mul((Const(2), s0, s0))) and grows(FloorDiv(s0, Const(16)))
+    assert grows(Mul((Add((Const(2), Const(-1))), s0)))  # a constant factor is judged by its value
+    assert not grows(Mul((Const(-1), s0))) and not grows(FloorDiv(Const(4096), s0))
+    assert not grows(FloorDiv(s0, Add((Const(1), Const(-2))))) and not grows(Add((s0, RuntimeArg(0))))

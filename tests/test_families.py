@@ -294,16 +294,24 @@ def test_two_batches_in_one_bucket_share_one_stored_entry(tmp_path: Path, monkey
 
 
 def test_only_expressions_that_grow_are_estimated_at_the_bound() -> None:
+    """A size that cannot shrink as its symbols grow is read at the bucket's bound (s0 = 4096 for a hint of
+    3000); any other, or one the estimator cannot read, at the hint."""
     import sympy
     from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
-    from prescreen.hooks.inductor_select import _grows
+    from prescreen.expr import Const, evaluate
+    from prescreen.hooks.inductor_select import _Converter
 
     s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
-    for e in (s0, s0 - 1, 2 * s0 * s1 + 3, s0**2, FloorDiv(s0, 16), s0 / 16, sympy.Integer(64)):
-        assert _grows(e), e
-    for e in (64 - s0, FloorDiv(4096, s0), 4096 / s0, -s0 + s1, ModularIndexing(s0, 1, 64), sympy.Max(s0, 3)):
-        assert not _grows(e), e
+    conv = _Converter(_SizeVars({"s0": 3000, "s1": 5}))
+    at_bound = {"s0": 4096, "s1": 5}
+    growing = (s0, s0 - 1, 2 * s0 * s1 + 3, s0**2, FloorDiv(s0, 16), FloorDiv(FloorDiv(s0 - 1, 2) + 1, 2) * s0,
+               sympy.Integer(64))
+    for e in growing:
+        assert evaluate(conv.expr(e), at_bound) == int(e.subs({s0: 4096, s1: 5})), e
+    for e in (64 - s0, FloorDiv(4096, s0), 4096 / s0, -s0 + s1, s0 / 16, ModularIndexing(s0, 1, 64),
+              sympy.Max(s0, 3), 3 * FloorDiv(s0, -s1 + 8)):
+        assert conv.expr(e) == Const(int(e.subs({s0: 3000, s1: 5}))), e
 
 
 class _SizeVars:
