@@ -154,9 +154,9 @@ def _growth(expr: Expr) -> tuple[bool, int | None]:
         return True, None
     if isinstance(expr, (Add, Mul)):
         parts = [_growth(e) for e in expr.operands]
-        values = [v for _, v in parts]
-        if None not in values:
-            return True, (sum if isinstance(expr, Add) else math.prod)(values)  # type: ignore[arg-type]
+        values = [v for _, v in parts if v is not None]
+        if len(values) == len(parts):
+            return True, sum(values) if isinstance(expr, Add) else math.prod(values)
         if isinstance(expr, Add):
             return all(g for g, _ in parts), None
         return all(g if v is None else v >= 0 for g, v in parts), None
