@@ -247,6 +247,14 @@ class Meter:
         self.stack.append({"kind": kind, "kernel": kernel, "estimate": estimate(), "base": base, "peak": base,
                            "children": 0})
 
+    def step(self, kind: str, kernel: str, estimate: Callable[[], int | None], fn: Callable[[], Any]) -> Any:
+        """``fn()`` as one guarded step, between ``enter`` and ``exit``."""
+        self.enter(kind, kernel, estimate)
+        try:
+            return fn()
+        finally:
+            self.exit()
+
     def exit(self) -> None:
         self._fold()
         frame = self.stack.pop()
@@ -466,11 +474,8 @@ def instrument(meter: Meter) -> None:
     inner_autotune = AlgorithmSelectorCache.autotune
 
     def autotune(self: Any, name: str, input_nodes: Any, layout: Any, *args: Any, **kwargs: Any) -> Any:
-        meter.enter("select", name, lambda: estimate(lambda: sel.plan_for_selection(name, input_nodes, layout)))
-        try:
-            return inner_autotune(self, name, input_nodes, layout, *args, **kwargs)
-        finally:
-            meter.exit()
+        return meter.step("select", name, lambda: estimate(lambda: sel.plan_for_selection(name, input_nodes, layout)),
+                          lambda: inner_autotune(self, name, input_nodes, layout, *args, **kwargs))
 
     AlgorithmSelectorCache.autotune = autotune  # type: ignore[method-assign]
 
@@ -486,23 +491,10 @@ def instrument(meter: Meter) -> None:
         if not benchmarked(node1, node2):
             return inner_fusion(self, node1, node2, *args, **kwargs)
         est = estimate(lambda: fus.plans_for_fusion(self, node1, node2))
-        meter.enter("fusion", "epilogue", lambda: est)
-        try:
-            result = inner_fusion(self, node1, node2, *args, **kwargs)
-        finally:
-            meter.exit()
-
-        def metered(deferred: Callable[[], bool]) -> Callable[[], bool]:
-            def benchmark_when_ready() -> bool:  # upstream's fused benchmark, run once the kernels compile
-                meter.enter("fusion", "epilogue, deferred", lambda: est)
-                try:
-                    return deferred()
-                finally:
-                    meter.exit()
-
-            return benchmark_when_ready
-
-        return fus.map_deferred(result, metered)
+        result = meter.step("fusion", "epilogue", lambda: est, lambda: inner_fusion(self, node1, node2, *args, **kwargs))
+        # upstream's fused benchmark, run once the kernels compile: a step of its own
+        return fus.map_deferred(result, lambda deferred: lambda: meter.step("fusion", "epilogue, deferred",
+                                                                            lambda: est, deferred))
 
     scheduler.Scheduler.speedup_by_fusion = fusion  # type: ignore[method-assign]
 
