@@ -12,7 +12,12 @@ H200) says tune. Each variant is a fresh process with a fresh Inductor cache:
 4. prescreen with ``PRESCREEN_BUDGET_BASIS=free`` (new empty store): the budget
    is a quarter of the free memory, so it falls back before benchmarking.
 
-    python bench/gpu_learn_oom.py [--m 65536 --k 8192 --n 8192 --headroom-gib 1.5]
+With ``--subproc`` every process sets ``TORCHINDUCTOR_AUTOTUNE_IN_SUBPROC=1`` and only the first three run: ATen
+is benchmarked here, each template in upstream's tuning subprocess. With a headroom that fits ATen's inputs but
+not the subprocess's own copies beside what this process's allocator keeps cached, the OOM happens there and
+upstream times those choices inf: without prescreen the compile completes, with it the fact is stored as well.
+
+    python bench/gpu_learn_oom.py [--m 65536 --k 8192 --n 8192 --headroom-gib 1.5] [--subproc --headroom-gib 3]
 """
 
 from __future__ import annotations
@@ -82,6 +87,7 @@ def main() -> None:
     ap.add_argument("--headroom-gib", type=float, default=1.5)
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--variant", default="off")
+    ap.add_argument("--subproc", action="store_true", help="benchmark templates in upstream's tuning subprocess")
     args = ap.parse_args()
     if args.child:
         child(args)
@@ -89,11 +95,12 @@ def main() -> None:
     store = tempfile.mkdtemp(prefix="prescreen-learn-")
     free_store = tempfile.mkdtemp(prefix="prescreen-learn-free-")
     variants = [("off", store, {}), ("process 1", store, {}), ("process 2", store, {}),
-                ("basis=free", free_store, {"PRESCREEN_BUDGET_BASIS": "free"})]
+                ("basis=free", free_store, {"PRESCREEN_BUDGET_BASIS": "free"})][:3 if args.subproc else 4]
     results = []
     for name, cache, extra in variants:
         env = dict(os.environ, PRESCREEN_CACHE_DIR=cache, TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="ind-"),
-                   TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOTUNE_LOCAL_CACHE="0", **extra)
+                   TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOTUNE_LOCAL_CACHE="0",
+                   TORCHINDUCTOR_AUTOTUNE_IN_SUBPROC="1" if args.subproc else "0", **extra)
         env.pop("PRESCREEN_MAX_BENCHMARK_MEMORY_RATIO", None)
         cmd = [sys.executable, __file__, "--child", "--variant", name, "--m", str(args.m), "--k", str(args.k),
                "--n", str(args.n), "--headroom-gib", str(args.headroom_gib)]
@@ -102,6 +109,7 @@ def main() -> None:
         res: dict[str, Any] = json.loads(line[7:]) if line else {
             "variant": name, "ok": False, "error": f"child died rc={proc.returncode}: {proc.stderr[-300:]}"}
         res["log"] = [ln[:400] for ln in proc.stderr.splitlines() if "prescreen:" in ln][:4]
+        res["choices_upstream_failed"] = proc.stderr.count("Failed to benchmark choice")
         print(f"{name}: ok={res.get('ok')} {res.get('error', '')[:200]}", flush=True)
         results.append(res)
     print("| process | completed | matches eager | free GiB at compile | peak GiB over held | compile s | lookups | hits | "

@@ -484,6 +484,81 @@ def test_selection_oom_retries_with_aten_then_next_compile_hits(tmp_path: Path, 
     assert len(observed) == 1 and observed[0].kernel == "select:bmm"
 
 
+#: On the autotune subprocess's path: every input it synthesizes raises OOM, as on a device too full for them.
+CHILD_OOM = f"""
+import torch
+from torch._inductor import autotune_process
+
+
+def _oom(self, *args, **kwargs):
+    raise torch.OutOfMemoryError({OOM_TEXT!r})
+
+
+autotune_process.TensorMeta.to_tensor = _oom
+"""
+
+
+@pytest.mark.slow
+def test_an_oom_answered_by_the_autotune_subprocess_is_stored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``autotune_in_subproc``: upstream benchmarks the C++ bmm template in its tuning subprocess, where the
+    inputs raise OOM (a ``sitecustomize`` on its path), times it inf and picks ATen: the guard sees no error.
+    The fact is stored all the same, and the next compile falls back without benchmarking."""
+    import torch._inductor.config as ic
+    from torch._inductor import autotune_process
+
+    import prescreen
+    from prescreen.hooks import inductor_select, state
+
+    site = tmp_path / "child-site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(CHILD_OOM)
+    monkeypatch.syspath_prepend(str(site))  # the subprocess's PYTHONPATH is this process's sys.path
+    upstream = autotune_process.benchmark_in_sub_process
+    sent: list[int] = []
+
+    def counted(choices: Any) -> Any:
+        sent.append(len(choices))
+        return upstream(choices)
+
+    monkeypatch.setattr(autotune_process, "benchmark_in_sub_process", counted)
+    autotune_process.get_tuning_process_pool.cache_clear()
+
+    class Bmm(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4, 32, 32))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.bmm(x, self.w)
+
+    torch.manual_seed(0)
+    model, x = Bmm().eval(), torch.randn(4, 16, 32)
+    state.reset()
+    store = DiskStore(tmp_path / "store")
+    outs, benchmarked = [], []
+    try:
+        for _ in range(2):
+            torch._dynamo.reset()
+            before = len(sent)
+            with ic.patch(freezing=True, fx_graph_cache=False, autotune_local_cache=False, autotune_in_subproc=True), \
+                    prescreen.installed(store=store, device_memory="64GiB", ratio=0.25), torch.no_grad():
+                outs.append(torch.compile(model, dynamic=True, mode="max-autotune")(x))
+            benchmarked.append(len(sent) - before)
+    finally:
+        state.reset()
+        autotune_process.get_tuning_process_pool().shutdown()
+        autotune_process.get_tuning_process_pool.cache_clear()
+    with torch.no_grad():
+        ref = model(x)
+    for out in outs:
+        torch.testing.assert_close(out, ref)
+    assert benchmarked == [1, 0]  # the template went to the subprocess once; the second compile fell back
+    observed = [e for e in store.entries() if is_observed_oom(e.decision)]
+    assert len(observed) == 1 and observed[0].kernel == "select:bmm"
+    assert "Tried to allocate 2.00 GiB" in observed[0].decision.reason
+    assert inductor_select._watched == {}
+
+
 # ------------------------------------------------------------------ CLI: inspect marks them, clear --observed removes them
 
 
