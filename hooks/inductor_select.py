@@ -4,7 +4,7 @@
 builds their plan off the IR (as ``key_of`` does) and, over budget, hands over only the ATen extern choice.
 ``autotune`` is wrapped for the OOM retry, ``lookup`` so that the retry's answer is never written as timings.
 With ``autotune_in_subproc`` a subprocess answers an OOM and upstream times that choice inf: ``TuningProcess.get``
-and ``TuningProcessPool.target`` are wrapped so that the fact is stored all the same.
+is wrapped so that the fact is stored all the same.
 """
 
 from __future__ import annotations
@@ -294,7 +294,6 @@ def _guard(selector: Any, name: str, choices: list[Any], input_nodes: Sequence[A
 _CALL_PARAMS = ("self", "name", "choices", "input_nodes", "layout")
 _AUTOTUNE_PARAMS = ("self", "name", "input_nodes", "layout", "input_gen_fns", "choices")
 _LOOKUP_PARAMS = ("self", "choices", "op", "inputs", "benchmark")
-_TARGET_PARAMS = ("self", "choice")
 _GET_PARAMS = ("self", "timeout")
 
 
@@ -343,7 +342,7 @@ def _wrap_autotune(original: Callable[..., Any]) -> Callable[..., Any]:
             return [plan_for_selection(name, input_nodes, layout)]
 
         what = f"the autotune benchmark of {name} ({len(choices)} choices)"
-        with _watching(choices) as in_subprocess:
+        with _subprocess_ooms() as in_subprocess:
             timings = oom.retry(lambda: original(*args, **kwargs), aten_wins, layout.device, plans, what,
                                 getattr(fallback, "name", type(fallback).__name__))
         if in_subprocess:  # upstream timed those choices inf and went on: the fact is stored all the same
@@ -355,30 +354,33 @@ def _wrap_autotune(original: Callable[..., Any]) -> Callable[..., Any]:
     return guarded_autotune
 
 
-#: ``id`` of each choice a guarded ``autotune`` is benchmarking -> the OOM its subprocess answered, if any.
-_watched: dict[int, oom.Info | None] = {}
-_watched_lock = threading.Lock()
-#: The OOM the autotune subprocess answered this thread's last benchmark with (``TuningProcess.get``).
-_answered = threading.local()
+#: OOMs the autotune subprocesses answered (``TuningProcess.get``) while guarded ``autotune`` calls ran, and how
+#: many run: a compile runs one at a time, whose ``TuningProcessPool.target`` threads get the answers.
+_answered: list[oom.Info] = []
+_running = [0]
+_answered_lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def _watching(choices: Sequence[Any]) -> Iterator[list[oom.Info]]:
+def _subprocess_ooms() -> Iterator[list[oom.Info]]:
     """Yield a list that, once the block ends, holds the OOMs the autotune subprocesses (``autotune_in_subproc``)
-    answered for ``choices``: upstream turns each into an inf timing and a warning, so the guard sees no error."""
-    ids = [id(c) for c in choices]
+    answered meanwhile: upstream turns each into an inf timing and a warning, so the guard sees no error."""
     seen: list[oom.Info] = []
-    with _watched_lock:
-        _watched.update(dict.fromkeys(ids))
+    with _answered_lock:
+        _running[0] += 1
+        first = len(_answered)
     try:
         yield seen
     finally:
-        with _watched_lock:
-            seen.extend(info for i in ids if (info := _watched.pop(i, None)) is not None)
+        with _answered_lock:
+            seen.extend(_answered[first:])
+            _running[0] -= 1
+            if not _running[0]:
+                _answered.clear()
 
 
 def _wrap_process_get(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``TuningProcess.get`` re-raises the error its subprocess sent back: an OOM is noted for this thread."""
+    """``TuningProcess.get`` re-raises the error its subprocess sent back: an OOM is noted while a guard runs."""
 
     @functools.wraps(original)
     def guarded_get(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -386,29 +388,12 @@ def _wrap_process_get(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self, *args, **kwargs)
         except Exception as exc:
             if oom.is_oom(exc):
-                _answered.info = oom.info(exc, None)
+                with _answered_lock:
+                    if _running[0]:
+                        _answered.append(oom.info(exc, None))
             raise
 
     return guarded_get
-
-
-def _wrap_pool_target(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``TuningProcessPool.target`` benchmarks one choice in a subprocess and answers inf on its error: an OOM
-    ``guarded_get`` noted is kept for the guarded ``autotune`` watching that choice."""
-
-    @functools.wraps(original)
-    def guarded_target(self: Any, choice: Any, *args: Any, **kwargs: Any) -> Any:
-        _answered.info = None
-        try:
-            return original(self, choice, *args, **kwargs)
-        finally:
-            info, _answered.info = getattr(_answered, "info", None), None
-            if info is not None:
-                with _watched_lock:
-                    if id(choice) in _watched and _watched[id(choice)] is None:
-                        _watched[id(choice)] = info
-
-    return guarded_target
 
 
 class _FellBack(Exception):
@@ -486,9 +471,8 @@ def patch() -> bool:
     if ok:
         patch_attr(AlgorithmSelectorCache, "autotune", _AUTOTUNE_PARAMS, _wrap_autotune, "autotune OOM-retry")
         patch_attr(AlgorithmSelectorCache, "lookup", _LOOKUP_PARAMS, _wrap_lookup, "autotune-cache")
-        from torch._inductor.autotune_process import TuningProcess, TuningProcessPool
+        from torch._inductor.autotune_process import TuningProcess
 
-        patch_attr(TuningProcessPool, "target", _TARGET_PARAMS, _wrap_pool_target, "autotune-subprocess OOM")
         patch_attr(TuningProcess, "get", _GET_PARAMS, _wrap_process_get, "autotune-subprocess OOM")
         inductor_fusion.patch()
     triton_autotune.patch()
@@ -506,7 +490,6 @@ def unpatch() -> None:
         unpatch_attr(module.AlgorithmSelectorCache, "__call__", "autotune", "lookup")
     subprocesses = sys.modules.get("torch._inductor.autotune_process")
     if subprocesses is not None:
-        unpatch_attr(subprocesses.TuningProcessPool, "target")
         unpatch_attr(subprocesses.TuningProcess, "get")
     inductor_fusion.unpatch()
     triton_autotune.unpatch()

@@ -556,7 +556,7 @@ def test_an_oom_answered_by_the_autotune_subprocess_is_stored(tmp_path: Path, mo
     observed = [e for e in store.entries() if is_observed_oom(e.decision)]
     assert len(observed) == 1 and observed[0].kernel == "select:bmm"
     assert "Tried to allocate 2.00 GiB" in observed[0].decision.reason
-    assert inductor_select._watched == {}
+    assert inductor_select._answered == [] and inductor_select._running == [0]
 
 
 # ------------------------------------------------------------------ CLI: inspect marks them, clear --observed removes them
