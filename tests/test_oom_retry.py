@@ -433,6 +433,17 @@ def test_coordinate_descent_after_a_tuned_runtime_step_takes_its_decision(gpu_li
 # ------------------------------------------------------------------ a real CPU compile (algorithm selection)
 
 
+class _Bmm(torch.nn.Module):
+    """bmm with a weight: under max-autotune on CPU Inductor offers its C++ bmm template and ATen."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 32, 32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(x, self.w)
+
+
 @pytest.mark.slow
 def test_selection_oom_retries_with_aten_then_next_compile_hits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """bmm under max-autotune on CPU: Inductor offers the C++ bmm template and ATen. Every
@@ -453,16 +464,8 @@ def test_selection_oom_retries_with_aten_then_next_compile_hits(tmp_path: Path, 
 
     monkeypatch.setattr(sa, "rand_strided", oom_allocation)
 
-    class Bmm(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.w = torch.nn.Parameter(torch.randn(4, 32, 32))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.bmm(x, self.w)
-
     torch.manual_seed(0)
-    model, x = Bmm().eval(), torch.randn(4, 16, 32)
+    model, x = _Bmm().eval(), torch.randn(4, 16, 32)
     state.reset()
     store = DiskStore(tmp_path / "store")
     outs = []
@@ -523,16 +526,8 @@ def test_an_oom_answered_by_the_autotune_subprocess_is_stored(tmp_path: Path, mo
     monkeypatch.setattr(autotune_process, "benchmark_in_sub_process", counted)
     autotune_process.get_tuning_process_pool.cache_clear()
 
-    class Bmm(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.w = torch.nn.Parameter(torch.randn(4, 32, 32))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.bmm(x, self.w)
-
     torch.manual_seed(0)
-    model, x = Bmm().eval(), torch.randn(4, 16, 32)
+    model, x = _Bmm().eval(), torch.randn(4, 16, 32)
     state.reset()
     store = DiskStore(tmp_path / "store")
     outs, benchmarked = [], []
