@@ -348,7 +348,7 @@ def _wrap_autotune(original: Callable[..., Any]) -> Callable[..., Any]:
         if in_subprocess:  # upstream timed those choices inf and went on: the fact is stored all the same
             requested, _, error = in_subprocess[0]
             oom.record(plans, layout.device, (requested, oom.free_bytes(layout.device), error),
-                       f"{what}, in an autotune subprocess", "the other choices (upstream timed it inf)")
+                       f"{what}, in an autotune subprocess,", "upstream timed those choices inf")
         return timings
 
     return guarded_autotune

@@ -87,9 +87,8 @@ def info(exc: BaseException, device: Any) -> Info:
     return requested_bytes(exc), free_bytes(device), f"{type(exc).__name__}: {first}"[:240]
 
 
-def record(plans_of: Callable[[], Sequence["KernelPlan"]], device: Any, facts: Info, what: str,
-           fallback_name: str) -> None:
-    """Store the observed OOM under each of the step's keys (never raises) and log what the retry does."""
+def record(plans_of: Callable[[], Sequence["KernelPlan"]], device: Any, facts: Info, what: str, then: str) -> None:
+    """Store the observed OOM under each of the step's keys (never raises) and log it, with what ``then`` happens."""
     from prescreen.hooks import state
     from prescreen.service import record_observed_oom
 
@@ -103,9 +102,8 @@ def record(plans_of: Callable[[], Sequence["KernelPlan"]], device: Any, facts: I
             keys.append(outcome.key[:12])
     except Exception as exc:  # storing the fact must never break the retry
         log.warning("prescreen: could not record the observed OOM of %s (%r)", what, exc)
-    log.warning("prescreen: %s ran out of memory (%s; requested %s bytes, %s free); redone with %s "
-                "and stored as observed_oom [key %s]", what, error, requested, free, fallback_name,
-                ", ".join(keys) or "?")
+    log.warning("prescreen: %s ran out of memory (%s; requested %s bytes, %s free); %s; stored as "
+                "observed_oom [key %s]", what, error, requested, free, then, ", ".join(keys) or "?")
 
 
 def retry(run: Callable[[], T], fallback: Callable[[], T], device: Any, plans_of: Callable[[], Sequence[KernelPlan]],
@@ -119,5 +117,5 @@ def retry(run: Callable[[], T], fallback: Callable[[], T], device: Any, plans_of
             raise
         facts = info(exc, device)
     release(device)  # the failed step's frames are gone once the except block ends
-    record(plans_of, device, facts, what, fallback_name)
+    record(plans_of, device, facts, what, f"redone with {fallback_name}")
     return fallback()
