@@ -27,15 +27,18 @@ def _patched() -> bool:
 
 
 def test_install_is_idempotent_and_uninstall_restores_upstream() -> None:
-    original = AlgorithmSelectorCache.__call__
+    from torch._inductor.autotune_process import TuningProcess
+
+    original, answer = AlgorithmSelectorCache.__call__, TuningProcess.get
     assert not _patched()
     prescreen.install()
     prescreen.install()
     assert _patched()
     assert AlgorithmSelectorCache.__call__._prescreen_original_call is original
+    assert TuningProcess.get._prescreen_original_call is answer  # type: ignore[attr-defined]
     prescreen.uninstall()
     prescreen.uninstall()
-    assert AlgorithmSelectorCache.__call__ is original
+    assert AlgorithmSelectorCache.__call__ is original and TuningProcess.get is answer
 
 
 def test_context_manager_leaves_state_as_found() -> None:
