@@ -354,8 +354,8 @@ def _wrap_autotune(original: Callable[..., Any]) -> Callable[..., Any]:
     return guarded_autotune
 
 
-#: OOMs the autotune subprocesses answered (``TuningProcess.get``) while guarded ``autotune`` calls ran, and how
-#: many run: a compile runs one at a time, whose ``TuningProcessPool.target`` threads get the answers.
+#: OOMs the autotune subprocesses sent back (``TuningProcess.get``, on ``TuningProcessPool``'s threads) while
+#: guarded ``autotune`` calls ran, and how many run (a compile runs one at a time).
 _answered: list[oom.Info] = []
 _running = [0]
 _answered_lock = threading.Lock()
