@@ -342,14 +342,16 @@ def _wrap_autotune(original: Callable[..., Any]) -> Callable[..., Any]:
             return [plan_for_selection(name, input_nodes, layout)]
 
         what = f"the autotune benchmark of {name} ({len(choices)} choices)"
-        with _subprocess_ooms() as in_subprocess:
-            timings = oom.retry(lambda: original(*args, **kwargs), aten_wins, layout.device, plans, what,
-                                getattr(fallback, "name", type(fallback).__name__))
-        if in_subprocess:  # upstream timed those choices inf and went on: the fact is stored all the same
-            requested, _, error = in_subprocess[0]
-            oom.record(plans, layout.device, (requested, oom.free_bytes(layout.device), error),
-                       f"{what}, in an autotune subprocess,", "upstream timed those choices inf")
-        return timings
+        in_subprocess: list[oom.Info] = []
+        try:
+            with _subprocess_ooms() as in_subprocess:
+                return oom.retry(lambda: original(*args, **kwargs), aten_wins, layout.device, plans, what,
+                                 getattr(fallback, "name", type(fallback).__name__))
+        finally:  # upstream timed those choices inf (and went on, or failed later): the fact is stored all the same
+            if in_subprocess:
+                requested, _, error = in_subprocess[0]
+                oom.record(plans, layout.device, (requested, oom.free_bytes(layout.device), error),
+                           f"{what}, in an autotune subprocess,", "upstream timed those choices inf")
 
     return guarded_autotune
 

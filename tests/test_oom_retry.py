@@ -554,6 +554,38 @@ def test_an_oom_answered_by_the_autotune_subprocess_is_stored(tmp_path: Path, mo
     assert inductor_select._answered == [] and inductor_select._running == [0]
 
 
+def test_a_subprocess_oom_is_stored_even_where_upstream_then_fails(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The subprocess answered OOM (upstream timed the choice inf), then ``autotune`` failed for another reason:
+    that error propagates, and the fact is stored all the same."""
+    import types
+
+    import prescreen
+    from prescreen.hooks import inductor_select as sel
+
+    aten = object()
+    monkeypatch.setattr(sel, "_fallback_choice", lambda choices: aten)
+    monkeypatch.setattr(sel, "plan_for_selection", lambda name, input_nodes, layout: _plan(4096))
+
+    def answer(self: Any, timeout: float = 120.0) -> Any:
+        raise torch.OutOfMemoryError(OOM_TEXT)
+
+    get = sel._wrap_process_get(answer)
+
+    def upstream(self: Any, name: str, input_nodes: Any, layout: Any, input_gen_fns: Any, choices: Any) -> Any:
+        with pytest.raises(torch.OutOfMemoryError):  # TuningProcessPool.target catches it: an inf timing
+            get(None)
+        raise RuntimeError("a later failure")
+
+    store = DiskStore(tmp_path / "store")
+    with prescreen.installed(store=store, device_memory="64GiB"), pytest.raises(RuntimeError, match="later"):
+        sel._wrap_autotune(upstream)(None, "mm", [], types.SimpleNamespace(device=torch.device("cpu")), None,
+                                     [aten])
+    observed = [e for e in store.entries() if is_observed_oom(e.decision)]
+    assert len(observed) == 1 and "Tried to allocate 2.00 GiB" in observed[0].decision.reason
+    assert sel._answered == [] and sel._running == [0]
+
+
 # ------------------------------------------------------------------ CLI: inspect marks them, clear --observed removes them
 
 
