@@ -342,16 +342,15 @@ def _wrap_autotune(original: Callable[..., Any]) -> Callable[..., Any]:
             return [plan_for_selection(name, input_nodes, layout)]
 
         what = f"the autotune benchmark of {name} ({len(choices)} choices)"
-        in_subprocess: list[oom.Info] = []
-        try:
-            with _subprocess_ooms() as in_subprocess:
-                return oom.retry(lambda: original(*args, **kwargs), aten_wins, layout.device, plans, what,
-                                 getattr(fallback, "name", type(fallback).__name__))
-        finally:  # upstream timed those choices inf (and went on, or failed later): the fact is stored all the same
-            if in_subprocess:
-                requested, _, error = in_subprocess[0]
-                oom.record(plans, layout.device, (requested, oom.free_bytes(layout.device), error),
-                           f"{what}, in an autotune subprocess,", "upstream timed those choices inf")
+
+        def store(answered: oom.Info) -> None:  # upstream timed those choices inf: the fact is stored all the same
+            requested, _, error = answered
+            oom.record(plans, layout.device, (requested, oom.free_bytes(layout.device), error),
+                       f"{what}, in an autotune subprocess,", "upstream timed those choices inf")
+
+        with _subprocess_ooms(store):
+            return oom.retry(lambda: original(*args, **kwargs), aten_wins, layout.device, plans, what,
+                             getattr(fallback, "name", type(fallback).__name__))
 
     return guarded_autotune
 
@@ -364,21 +363,22 @@ _answered_lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def _subprocess_ooms() -> Iterator[list[oom.Info]]:
-    """Yield a list that, once the block ends, holds the OOMs the autotune subprocesses (``autotune_in_subproc``)
-    answered meanwhile: upstream turns each into an inf timing and a warning, so the guard sees no error."""
-    seen: list[oom.Info] = []
+def _subprocess_ooms(store: Callable[[oom.Info], None]) -> Iterator[None]:
+    """``store`` the first OOM the autotune subprocesses (``autotune_in_subproc``) answered while the block ran,
+    once it ends, however it ends: upstream turns each into an inf timing and a warning, so no error is seen."""
     with _answered_lock:
         _running[0] += 1
         first = len(_answered)
     try:
-        yield seen
+        yield
     finally:
         with _answered_lock:
-            seen.extend(_answered[first:])
+            seen = _answered[first:]
             _running[0] -= 1
             if not _running[0]:
                 _answered.clear()
+        if seen:
+            store(seen[0])
 
 
 def _wrap_process_get(original: Callable[..., Any]) -> Callable[..., Any]:
