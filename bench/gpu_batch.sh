@@ -18,7 +18,10 @@
 #                                  # runtime step's pieces; THEN_COV=cases: those coverage cases after the deploy
 #   bash bench/gpu_batch.sh audit  # plan-only vs a full warm alone on the machine (bytecode written first)
 #   bash bench/gpu_batch.sh profile  # the deploy flow beside cProfile runs (read them with pstats): a plan-only
-#                                    # warm of GPT-2, then the five smallest coverage cases, cold then warm store
+#                                    # warm of GPT-2, then the five smallest coverage cases, cold then warm store;
+#                                    # on Python >= 3.12 cProfile runs on sys.monitoring and records every thread,
+#                                    # so Inductor's compile threads land in the compiling thread's callers: trust
+#                                    # prescreen's own functions' counts, and gpu_coverage's CPU ms for its cost
 # Needs the prescreen, diskcache and redis wheels under .whl/ (see the device README); writes to $OUT.
 set -uo pipefail
 [[ ${1:-} =~ ^(cov|models|plan|audit|profile)$ ]] || { echo "usage: bash bench/gpu_batch.sh cov|models|plan|audit|profile" >&2; exit 2; }

@@ -666,31 +666,50 @@ def test_runtime_plan_without_optimize_mem_clones_every_mutated_arg(monkeypatch:
     assert [a.name for a in plan.args] == ["clone:in_out_ptr0", "clone:in_out_ptr1", "clone:in_out_ptr2"]
 
 
-@pytest.mark.parametrize(("accelerator", "peak", "current", "expected"), [
-    (torch.device("cuda", 0), 11 * MIB, 4 * MIB, 7 * MIB),
-    (None, 11 * MIB, 4 * MIB, None),  # no accelerator: upstream clones every mutated arg
+def _allocator_stats(peak: int, current: int) -> dict[str, Any]:
+    """The nested statistics the allocator reports (the shape ``torch.accelerator.memory_stats`` flattens)."""
+    names = ("allocated", "allocated_bytes", "reserved_bytes", "active_bytes")
+    nested: dict[str, Any] = {name: {pool: {"current": 10 * i + j, "peak": 10 * i + j + 5, "allocated": 1, "freed": 1}
+                                     for j, pool in enumerate(("all", "large_pool", "small_pool"))}
+                              for i, name in enumerate(names)}
+    nested["allocated_bytes"]["all"].update(current=current, peak=peak)
+    return {**nested, "num_ooms": 0, "num_alloc_retries": 0}
+
+
+@pytest.mark.parametrize(("accelerator", "initialized", "expected"), [
+    (torch.device("cuda", 0), True, 7 * MIB),
+    (torch.device("cuda", 0), False, 0),  # no allocation yet: upstream reads empty statistics
+    (None, True, None),  # no accelerator: upstream clones every mutated arg
 ])
-def test_peak_headroom_is_what_upstream_reads(monkeypatch: pytest.MonkeyPatch, accelerator: Any, peak: int,
-                                              current: int, expected: int | None) -> None:
-    """One read of the allocator's statistics gives what upstream's two calls give."""
+@pytest.mark.parametrize("nested_read", [True, False])  # False: a torch without the nested read
+def test_peak_headroom_is_what_upstream_reads(monkeypatch: pytest.MonkeyPatch, accelerator: Any, initialized: bool,
+                                              expected: int | None, nested_read: bool) -> None:
+    """One read of the allocator's statistics gives what upstream's two calls give, computed by upstream's own
+    ``max_memory_allocated() - memory_allocated()`` over the same allocator answer."""
     import torch.accelerator.memory as acc_memory
 
     from prescreen.hooks import triton_autotune
 
     acc = torch.accelerator
-    stats = {"allocated_bytes.all.peak": peak, "allocated_bytes.all.current": current}
     monkeypatch.setattr(acc, "current_accelerator", lambda *a, **k: accelerator)
-    for module in (acc, acc_memory):
-        monkeypatch.setattr(module, "memory_stats", lambda *a: dict(stats))
-    assert triton_autotune._peak_headroom() == expected
+    monkeypatch.setattr(torch._C, "_accelerator_getDeviceIndex", lambda: 0)
+    monkeypatch.setattr(torch._C, "_accelerator_isAllocatorInitialized", lambda: initialized)
+    answer = _allocator_stats(11 * MIB, 4 * MIB)
+    monkeypatch.setattr(torch._C, "_accelerator_getDeviceStats", lambda index: answer)
     if expected is not None:  # the expression upstream's copy_args_to_cpu_if_needed evaluates
         assert expected == acc.max_memory_allocated() - acc.memory_allocated()
+    if not nested_read:  # the nested answer laid out otherwise: the public, flattened read is used
+        flat = dict(acc.memory_stats())
+        monkeypatch.setattr(torch._C, "_accelerator_getDeviceStats", lambda index: {"renamed": answer})
+        for module in (acc, acc_memory):
+            monkeypatch.setattr(module, "memory_stats", lambda *a: flat)
+    assert triton_autotune._peak_headroom() == expected
 
-    def custom_allocator(*a: Any) -> dict[str, int]:
+    def custom_allocator(index: int) -> dict[str, Any]:
         raise RuntimeError("custom allocator: no statistics")
 
-    for module in (acc, acc_memory):
-        monkeypatch.setattr(module, "memory_stats", custom_allocator)
+    monkeypatch.setattr(torch._C, "_accelerator_isAllocatorInitialized", lambda: True)
+    monkeypatch.setattr(torch._C, "_accelerator_getDeviceStats", custom_allocator)
     assert triton_autotune._peak_headroom() is None
 
 
