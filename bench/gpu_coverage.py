@@ -25,7 +25,9 @@ every benchmark really runs). Measured with ``torch.cuda.max_memory_allocated``:
   keeps the calls per wrapper and the time before that correction;
 - guard CPU ms: the compiling thread's CPU in the same windows, and the CPU the
   process's other threads ran meanwhile (``others_cpu_ms_in_guard``): a guard's
-  wall far above its CPU is a wait for the GIL, filled with their work or idle.
+  wall far above its CPU is a wait for the GIL, filled with their work or idle; of the
+  thread's CPU, the system part and its voluntary context switches (``guard_system_cpu_ms``,
+  ``guard_waits``): the wake-ups of those waits, the rest being Python work.
 
     python bench/gpu_coverage.py [--cases mm,bmm,...] [--json out.json]
 
@@ -40,6 +42,7 @@ import inspect
 import json
 import os
 import platform
+import resource
 import tempfile
 import time
 import traceback
@@ -312,19 +315,28 @@ def _guarded_methods() -> dict[str, tuple[Any, str]]:
             "coordesc": (CachingAutotuner, "_coordinate_descent_tuning")}
 
 
+def _thread_waits() -> tuple[float, int]:
+    """The calling thread's system CPU seconds and voluntary context switches so far (Linux)."""
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    return usage.ru_stime, usage.ru_nvcsw
+
+
 def timed(fn: Callable[..., Any], seconds: MutableMapping[str, float], key: str,
           calls: MutableMapping[str, int] | None = None,
           cpu_seconds: MutableMapping[str, float] | None = None,
-          process_seconds: MutableMapping[str, float] | None = None) -> Callable[..., Any]:
+          process_seconds: MutableMapping[str, float] | None = None,
+          waits: MutableMapping[str, list[float]] | None = None) -> Callable[..., Any]:
     """``fn``, adding the seconds of each call to ``seconds[key]`` (and counting it in ``calls[key]``;
-    with ``cpu_seconds``, adding the calling thread's CPU seconds there too, and with ``process_seconds``
-    the CPU seconds of all the process's threads)."""
+    with ``cpu_seconds``, adding the calling thread's CPU seconds there too, with ``process_seconds``
+    the CPU seconds of all the process's threads, and with ``waits`` the thread's system CPU seconds and
+    voluntary context switches: each wait for the GIL or for I/O is a switch, its wake-ups system time)."""
 
     @functools.wraps(fn)  # keeps the signature prescreen checks before it patches
     def timed_call(*args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
         cpu_start = time.thread_time() if cpu_seconds is not None else 0.0
         process_start = time.process_time() if process_seconds is not None else 0.0
+        waits_start = _thread_waits() if waits is not None else (0.0, 0)
         try:
             return fn(*args, **kwargs)
         finally:
@@ -333,6 +345,10 @@ def timed(fn: Callable[..., Any], seconds: MutableMapping[str, float], key: str,
                 cpu_seconds[key] += time.thread_time() - cpu_start
             if process_seconds is not None:
                 process_seconds[key] += time.process_time() - process_start
+            if waits is not None:
+                system, switches = _thread_waits()
+                waits[key][0] += system - waits_start[0]
+                waits[key][1] += switches - waits_start[1]
             if calls is not None:
                 calls[key] += 1
 
@@ -358,26 +374,28 @@ class GuardClock:
         self.inner_cpu = dict.fromkeys(GUARDED, 0.0)
         self.outer_process = dict.fromkeys(GUARDED, 0.0)
         self.inner_process = dict.fromkeys(GUARDED, 0.0)
+        self.outer_waits = {k: [0.0, 0.0] for k in GUARDED}  # system CPU seconds, voluntary switches
+        self.inner_waits = {k: [0.0, 0.0] for k in GUARDED}
         self.calls = dict.fromkeys(GUARDED, 0)
         self.wrapped: list[str] = []
         self.bias, self.bias_cpu = meter_bias()
 
-    def _wrap(self, table: dict[str, float], cpu: dict[str, float], process: dict[str, float], kind: str,
-              calls: dict[str, int] | None = None) -> None:
+    def _wrap(self, table: dict[str, float], cpu: dict[str, float], process: dict[str, float],
+              waits: dict[str, list[float]], kind: str, calls: dict[str, int] | None = None) -> None:
         cls, attr = _guarded_methods()[kind]
         # getattr_static: a method a base class defines (``lookup`` is PersistentCache's in torch 2.11)
         setattr(cls, attr, timed(inspect.getattr_static(cls, attr), table, kind, calls, cpu_seconds=cpu,
-                                 process_seconds=process))
+                                 process_seconds=process, waits=waits))
 
     def below(self) -> None:
         for kind in GUARDED:
-            self._wrap(self.inner, self.inner_cpu, self.inner_process, kind)
+            self._wrap(self.inner, self.inner_cpu, self.inner_process, self.inner_waits, kind)
 
     def above(self) -> None:
         """Wrap each of prescreen's wrappers; a method prescreen left alone (no Triton) is not counted."""
         for kind, (cls, attr) in _guarded_methods().items():
             if any(name.startswith("_prescreen_original") for name in vars(inspect.getattr_static(cls, attr))):
-                self._wrap(self.outer, self.outer_cpu, self.outer_process, kind, self.calls)
+                self._wrap(self.outer, self.outer_cpu, self.outer_process, self.outer_waits, kind, self.calls)
                 self.wrapped.append(kind)
             else:
                 print(f"prescreen did not wrap {cls.__name__}.{attr} here: not counted")
@@ -399,6 +417,12 @@ class GuardClock:
         return sum((self.outer_process[k] - self.inner_process[k]) - (self.outer_cpu[k] - self.inner_cpu[k])
                    for k in self.wrapped)
 
+    def waits(self) -> tuple[float, float]:
+        """The compiling thread's system CPU seconds and voluntary context switches in prescreen's own code so
+        far: a guard CPU mostly system time was the wake-ups of its waits, mostly user time its Python work."""
+        return (sum(self.outer_waits[k][0] - self.inner_waits[k][0] for k in self.wrapped),
+                sum(self.outer_waits[k][1] - self.inner_waits[k][1] for k in self.wrapped))
+
 
 def meter_bias(n: int = 50_000) -> tuple[float, float]:
     """Seconds (wall, CPU) the meter itself adds to each wrapped call's outer-minus-inner time: the inner
@@ -407,8 +431,9 @@ def meter_bias(n: int = 50_000) -> tuple[float, float]:
     wrapper runs at every launch of a template kernel: without this, most of its time was the meter's)."""
     outer, inner, outer_cpu, inner_cpu = {"x": 0.0}, {"x": 0.0}, {"x": 0.0}, {"x": 0.0}
     process = {"x": 0.0}  # read as GuardClock's meters read it: its clock reads are part of the bias
-    fn = timed(timed(lambda: None, inner, "x", cpu_seconds=inner_cpu, process_seconds=process), outer, "x",
-               cpu_seconds=outer_cpu, process_seconds=process)
+    waits = {"x": [0.0, 0.0]}
+    fn = timed(timed(lambda: None, inner, "x", cpu_seconds=inner_cpu, process_seconds=process, waits=waits),
+               outer, "x", cpu_seconds=outer_cpu, process_seconds=process, waits=waits)
     for _ in range(n):
         fn()
     return (outer["x"] - inner["x"]) / n, (outer_cpu["x"] - inner_cpu["x"]) / n
@@ -550,7 +575,7 @@ def run_case(name: str, meter: Meter, clock: GuardClock) -> dict[str, Any]:
     largest_before = COUNTERS.largest_estimate
     COUNTERS.largest_estimate = 0
     lookup_before, guard_before, cpu_before = COUNTERS.seconds, clock.split(), clock.split_cpu()
-    others_before = clock.others_cpu()
+    others_before, waits_before = clock.others_cpu(), clock.waits()
     raw_before, calls_before = clock.split(raw=True), dict(clock.calls)
     start = time.perf_counter()
     row: dict[str, Any] = {"case": name}
@@ -593,6 +618,8 @@ def run_case(name: str, meter: Meter, clock: GuardClock) -> dict[str, Any]:
     row["guard_cpu_ms"] = round(guard_cpu * 1000, 2)
     row["guard_cpu_share"] = f"{guard_cpu / max(elapsed, 1e-9):.4%}"
     row["others_cpu_ms_in_guard"] = round((clock.others_cpu() - others_before) * 1000, 2)
+    system, switches = (now - before for now, before in zip(clock.waits(), waits_before))
+    row["guard_system_cpu_ms"], row["guard_waits"] = round(system * 1000, 2), int(switches)
     row["largest_lookup_estimate"] = COUNTERS.largest_estimate
     COUNTERS.largest_estimate = max(largest_before, COUNTERS.largest_estimate)
     row["steps"] = list(meter.steps)

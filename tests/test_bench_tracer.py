@@ -59,7 +59,9 @@ def test_meter_tells_other_threads_work_from_an_idle_wait(tmp_path: Path, monkey
         wall: dict[str, float] = {"x": 0.0}
         own: dict[str, float] = {"x": 0.0}
         process: dict[str, float] = {"x": 0.0}
-        gpu_coverage.timed(fn, wall, "x", cpu_seconds=own, process_seconds=process)()
+        waits: dict[str, list[float]] = {"x": [0.0, 0.0]}
+        gpu_coverage.timed(fn, wall, "x", cpu_seconds=own, process_seconds=process, waits=waits)()
         others = process["x"] - own["x"]
         assert wall["x"] >= 0.19 and own["x"] < 0.05
         assert (others >= 0.15) is busy, (fn, wall, own, process)
+        assert waits["x"][1] >= 1 and 0 <= waits["x"][0] <= own["x"] + 1e-3  # it waited: a voluntary switch
