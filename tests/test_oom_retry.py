@@ -681,7 +681,7 @@ def _allocator_stats(peak: int, current: int) -> dict[str, Any]:
     (torch.device("cuda", 0), False, 0),  # no allocation yet: upstream reads empty statistics
     (None, True, None),  # no accelerator: upstream clones every mutated arg
 ])
-@pytest.mark.parametrize("nested_read", [True, False])  # False: a torch without the nested read
+@pytest.mark.parametrize("nested_read", [True, False])  # False: the nested answer laid out otherwise
 def test_peak_headroom_is_what_upstream_reads(monkeypatch: pytest.MonkeyPatch, accelerator: Any, initialized: bool,
                                               expected: int | None, nested_read: bool) -> None:
     """One read of the allocator's statistics gives what upstream's two calls give, computed by upstream's own
