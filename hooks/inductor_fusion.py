@@ -24,7 +24,7 @@ from prescreen.hooks.inductor_select import (
     unpatch_attr,
 )
 from prescreen.plan import KernelPlan, TensorArg, WorkspaceArg
-from prescreen.service import lookup_or_decide
+from prescreen.service import lookup_or_decide_all
 
 __all__ = ["map_deferred", "patch", "plans_for_fusion", "unpatch"]
 
@@ -170,9 +170,8 @@ def _wrap_fusion(original: Callable[..., Any]) -> Callable[..., Any]:
             if _is_benchmarked_fusion(node1, node2):
                 device = _fusion_device(node1)
                 plans = plans_for_fusion(self, node1, node2)
-                budget, store = state.budget_for(device), state.get_store()
-                for plan in plans:
-                    outcome = lookup_or_decide(plan, budget, store)
+                for plan, outcome in zip(plans, lookup_or_decide_all(plans, state.budget_for(device),
+                                                                     state.get_store())):
                     if not outcome.decision.tune:
                         state.log_once(outcome.key, logging.WARNING,
                                        "prescreen: skipping the epilogue-fusion benchmark, kernels left unfused: "

@@ -11,7 +11,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from prescreen.budget import Budget
 from prescreen.decision import Decision, decide_with_representatives, is_observed_oom
@@ -64,15 +64,22 @@ class Outcome:
 def lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, *, write: bool = True) -> Outcome:
     """The decision for ``plan`` under ``budget``: a fact this process holds, else ``store``'s entry, else computed
     and added (a put that loses to a stricter entry answers with it). Every lookup reads the store."""
+    return lookup_or_decide_all([plan], budget, store, write=write)[0]
+
+
+def lookup_or_decide_all(plans: Sequence[KernelPlan], budget: Budget, store: Store | None, *,
+                         write: bool = True) -> list[Outcome]:
+    """``lookup_or_decide`` for each of one guarded step's plans, their new entries written in one ``put_all``
+    (one transaction on disk: a fusion step's three kernels pay for one)."""
     start = time.perf_counter()
     try:
         with _gil_handed_back_promptly():
-            outcome = _lookup_or_decide(plan, budget, store, write)
+            outcomes = _lookup_or_decide(plans, budget, store, write)
     finally:
         elapsed = time.perf_counter() - start
         with _lock:
             COUNTERS.seconds += elapsed
-    return _observed(outcome, plan) if OBSERVERS else outcome
+    return [_observed(o, plan) for o, plan in zip(outcomes, plans)] if OBSERVERS else outcomes
 
 
 #: The interpreter's switch interval while a lookup runs (None: left alone): a lookup's I/O releases the GIL,
@@ -103,36 +110,43 @@ def _gil_handed_back_promptly() -> Iterator[None]:
                 sys.setswitchinterval(_switching[1])
 
 
-def _lookup_or_decide(plan: KernelPlan, budget: Budget, store: Store | None, write: bool) -> Outcome:
-    key, parts = build_key(plan, budget)
-    held = _held_fact(key) if _held else None
-    if held is not None:
-        _count(held.decision, hit=False)
-        return Outcome(key, held.decision, False, held)
-    if store is not None:
-        found = store.lookup(key)
-        if found is not None and found.dynamic != plan.is_dynamic:
-            # The key matches this plan, so the stored flag was tampered with: a miss.
-            store.warn_once("invalid entry", f"key {key[:12]}: dynamic flag does not match the plan")
-            found = None
-        if found is not None:
-            _count(found.decision, hit=True)
-            return Outcome(key, found.decision, True, found)
-    with _lock:
-        COUNTERS.estimator_calls += 1
-    decision, reps = decide_with_representatives(plan, budget)
-    entry = Entry.new(key, parts, plan, family_summary(reps), decision)
-    outcome = Outcome(key, decision, False, entry)
-    if store is not None and write:
-        if _put(store, entry):
+def _lookup_or_decide(plans: Sequence[KernelPlan], budget: Budget, store: Store | None,
+                      write: bool) -> list[Outcome]:
+    keyed = [(plan, *build_key(plan, budget)) for plan in plans]
+    answers: dict[str, Outcome] = {}  # by key: a kernel met twice in a step has one answer
+    hits: dict[str, bool] = {}
+    new: list[Entry] = []  # computed here, to be stored
+    for plan, key, parts in keyed:
+        if key in answers:
+            continue
+        found, hits[key] = _held_fact(key) if _held else None, False
+        if found is None and store is not None:
+            found = store.lookup(key)
+            if found is not None and found.dynamic != plan.is_dynamic:
+                # The key matches this plan, so the stored flag was tampered with: a miss.
+                store.warn_once("invalid entry", f"key {key[:12]}: dynamic flag does not match the plan")
+                found = None
+            hits[key] = found is not None
+        if found is None:
             with _lock:
-                COUNTERS.stored += 1
-        else:  # another process's stricter entry (a fact) may have got there since the read: it stands
-            there = store.lookup(key)
-            if there is not None and there.dynamic == plan.is_dynamic and outranks(there.decision, decision):
-                outcome = Outcome(key, there.decision, True, there)
-    _count(outcome.decision, hit=False)
-    return outcome
+                COUNTERS.estimator_calls += 1
+            decision, reps = decide_with_representatives(plan, budget)
+            found = Entry.new(key, parts, plan, family_summary(reps), decision)
+            new.append(found)
+        answers[key] = Outcome(key, found.decision, hits[key], found)
+    if store is not None and write and new:
+        for entry, stored in zip(new, _put_all(store, new)):
+            if stored:
+                with _lock:
+                    COUNTERS.stored += 1
+                continue
+            # another process's stricter entry (a fact) may have got there since the read: it stands
+            there = store.lookup(entry.key)
+            if there is not None and there.dynamic == entry.dynamic and outranks(there.decision, entry.decision):
+                answers[entry.key] = Outcome(entry.key, there.decision, True, there)
+    for _, key, _ in keyed:
+        _count(answers[key].decision, hit=hits[key])
+    return [answers[key] for _, key, _ in keyed]
 
 
 def _count(decision: Decision, *, hit: bool) -> None:
@@ -150,14 +164,14 @@ def _count(decision: Decision, *, hit: bool) -> None:
             c.largest_estimate = decision.estimated_bytes
 
 
-def _put(store: Store, entry: Entry) -> bool:
-    """``store.put(entry)``; a backend that raises (a bug: stores never raise on a fault) is a put that did not
-    store, with one warning."""
+def _put_all(store: Store, entries: list[Entry]) -> list[bool]:
+    """``store.put_all(entries)``; a backend that raises (a bug: stores never raise on a fault) stored none of them,
+    with one warning."""
     try:
-        return store.put(entry)
+        return store.put_all(entries)
     except Exception as exc:
         store.warn_once("write failed", exc)
-        return False
+        return [False] * len(entries)
 
 
 def family_summary(reps: Representatives | None) -> dict[str, object] | None:
@@ -234,7 +248,7 @@ def _put_fact(store: Store, entry: Entry, wait: float) -> bool:
     observed OOM under its key (this one, or another process's)."""
     deadline, delay = time.monotonic() + wait, 0.05
     while True:
-        if _put(store, entry):
+        if _put_all(store, [entry])[0]:
             return True
         try:
             there = store.get(entry.key)

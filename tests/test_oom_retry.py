@@ -8,7 +8,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,9 +108,9 @@ def test_a_fact_stored_between_a_lookups_read_and_its_put_is_the_answer(tmp_path
     assert theirs is not None
 
     class Racing(DiskStore):
-        def put(self, entry: Entry) -> bool:
-            DiskStore.put(self, theirs)  # the other process, just before
-            return super().put(entry)
+        def put_all(self, entries: Sequence[Entry]) -> list[bool]:
+            DiskStore.put_all(self, [theirs])  # the other process, just before
+            return super().put_all(entries)
 
     with Racing(tmp_path / "s") as store:
         outcome = lookup_or_decide(_plan(), BUDGET, store)

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import os
 import pickle
+import sqlite3
 import threading
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from test_store_support import BUDGET, entry_fields, entry_text, make_entry, mak
 
 from prescreen.decision import decide
 from prescreen.errors import ConfigError
-from prescreen.service import lookup_or_decide
+from prescreen.service import lookup_or_decide, lookup_or_decide_all
 from prescreen.store import (
     DiskStore,
     NullStore,
@@ -118,6 +119,43 @@ def test_hit_counts_survive_collection_in_process(tmp_path: Path) -> None:
     gc.collect()
     with DiskStore(tmp_path / "c") as after:
         assert [e.hits for e in after.entries()] == [1]
+
+
+def test_a_steps_plans_are_answered_one_by_one_and_written_in_one_put(store: DiskStore,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A guarded step's plans (a fusion step's kernels) get the answers they would get one at a time, and the new
+    entries go to the store in one ``put_all``, in order; the plan already stored is a hit, not written again, and
+    a kernel met twice in the step (a fused kernel that is one of its parts) is decided and written once."""
+    plans = [make_plan(i) for i in (1, 2, 3, 1)]
+    lookup_or_decide(plans[1], BUDGET, store)
+    written: list[list[str]] = []
+    put_all = store.put_all
+    monkeypatch.setattr(store, "put_all", lambda entries: written.append([e.key for e in entries]) or put_all(entries))
+    outcomes = lookup_or_decide_all(plans, BUDGET, store)
+    assert [o.hit for o in outcomes] == [False, True, False, False]
+    assert [o.decision for o in outcomes] == [decide(p, BUDGET) for p in plans]
+    assert outcomes[3] is outcomes[0]
+    assert written == [[outcomes[0].key, outcomes[2].key]]
+    assert [lookup_or_decide(p, BUDGET, store).hit for p in plans] == [True, True, True, True]
+
+
+def test_put_all_writes_every_entry_or_none(store: DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One transaction: the disk filling up at the third entry leaves the first two unwritten too."""
+    entries = [make_entry(i) for i in (1, 2, 3)]
+    add, calls = diskcache.Cache.add, []
+
+    def add_until_full(cache: diskcache.Cache, key: str, value: object, *args: object, **kwargs: object) -> bool:
+        calls.append(key)
+        if len(calls) == 3:
+            raise sqlite3.OperationalError("database or disk is full")
+        return add(cache, key, value, *args, **kwargs)
+
+    monkeypatch.setattr(diskcache.Cache, "add", add_until_full)
+    assert store.put_all(entries) == [False, False, False]
+    monkeypatch.undo()
+    assert [store.get(e.key) for e in entries] == [None, None, None]
+    assert store.put_all(entries) == [True, True, True]
+    assert store.put_all(entries[:1]) == [False]  # first writer wins, as for ``put``
 
 
 def test_first_writer_wins(store: DiskStore) -> None:

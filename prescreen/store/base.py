@@ -6,7 +6,7 @@ import abc
 import dataclasses
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
 from prescreen.store.entry import Entry, InvalidEntry, UnsignedEntry, read_stored
@@ -105,6 +105,10 @@ class Store(abc.ABC):
         """Store ``entry`` unless a valid entry at least as strict is there already (``entry.outranks``: an
         observed OOM replaces a computed decision, nothing replaces a fact); False when not stored. A
         backend writes before it returns: a True is durable."""
+
+    def put_all(self, entries: Sequence[Entry]) -> list[bool]:
+        """``put`` of each entry, in order; a backend may write them in one transaction."""
+        return [self.put(entry) for entry in entries]
 
     @abc.abstractmethod
     def entries(self) -> Iterator[Entry]:

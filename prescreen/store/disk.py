@@ -15,7 +15,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -314,22 +314,30 @@ class DiskStore(Store):
 
     def put(self, entry: Entry) -> bool:
         """``Store.put``, retried through a locked database for ``write_wait`` seconds; a fact even while paused."""
-        text = entry.with_hits(0).to_json(self.signer)
+        return self.put_all([entry])[0]
 
-        def add(cache: BoundedOpenCache) -> bool:
+    def put_all(self, entries: Sequence[Entry]) -> list[bool]:
+        """``put`` of each entry in one transaction (all or none are written)."""
+        texts = [(entry, entry.with_hits(0).to_json(self.signer)) for entry in entries]
+
+        def add(cache: BoundedOpenCache, entry: Entry, text: str) -> bool:
             if cache.add(entry.key, text):
                 return True
-            with cache.transact():
-                there = self.decode(entry.key, cache.get(entry.key), warn=False)
-                if there is not None and not outranks(entry.decision, there.decision):
-                    return False
-                cache.set(entry.key, text)
-                cache.delete(HITS_PREFIX + entry.key)
-                log.info("prescreen disk store: replaced %s under %s", "an invalid value" if there is None
-                         else f"a {there.decision.action} by a stricter entry", entry.key[:12])
-                return True
+            there = self.decode(entry.key, cache.get(entry.key), warn=False)
+            if there is not None and not outranks(entry.decision, there.decision):
+                return False
+            cache.set(entry.key, text)
+            cache.delete(HITS_PREFIX + entry.key)
+            log.info("prescreen disk store: replaced %s under %s", "an invalid value" if there is None
+                     else f"a {there.decision.action} by a stricter entry", entry.key[:12])
+            return True
 
-        return self._write_with(add, False, force=is_observed_oom(entry.decision), wait=self.write_wait)
+        def add_all(cache: BoundedOpenCache) -> list[bool]:
+            with cache.transact():
+                return [add(cache, entry, text) for entry, text in texts]
+
+        return self._write_with(add_all, [False] * len(texts), force=any(is_observed_oom(e.decision) for e in entries),
+                                wait=self.write_wait)
 
     def _entry_rows(self) -> list[tuple[str, object]]:
         """(key, value file name) of every stored entry, valid or not."""
