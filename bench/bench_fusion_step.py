@@ -4,8 +4,10 @@ On CPU Inductor benchmarks no fusion, but with ``benchmark_fusion`` on it asks `
 candidate pair, and prescreen's guard builds the step's plans (each kernel alone and fused) as it does on a GPU.
 This compiles the example block (``dynamic=True``) a few times over one store and times, at each such call, the
 plans once and each plan's lookup once (hits after the first compile), between the compile's own work, as the
-guard meets them: a microbenchmark repeating one call sees warm CPU caches and a fraction of the time.
-Medians, microseconds.
+guard meets them: a microbenchmark repeating one call sees warm CPU caches and a fraction of the time. At each
+step it also decides the step's plans as new (a budget no key has seen: every plan computed and written) two
+ways, in turn first: one ``lookup_or_decide`` a plan, and one ``lookup_or_decide_all`` for the step (what the
+guard does: one write). Medians, microseconds; the ratio is of the two medians in this run.
 
     python -P bench/bench_fusion_step.py [--compiles 5]
 """
@@ -34,16 +36,18 @@ def main() -> None:
     from torch._inductor import scheduler
 
     import prescreen
+    from prescreen.budget import Budget
     from prescreen.hooks import inductor_fusion as fus
     from prescreen.hooks import state
-    from prescreen.service import lookup_or_decide
+    from prescreen.service import lookup_or_decide, lookup_or_decide_all
     from prescreen.store import DiskStore
 
     sys.path.insert(0, str(ROOT / "examples"))  # the examples folder only: the root would shadow the installed prescreen
     from tiny_models import block
 
     prescreen.install(store=DiskStore(tempfile.mkdtemp(prefix="bench-fusion-")), device_memory="64GiB")
-    times: dict[str, list[float]] = {"plans, a step": [], "lookup, a plan": []}
+    times: dict[str, list[float]] = {"plans, a step": [], "lookup, a plan": [], "new step, a lookup a plan": [],
+                                     "new step, one lookup_or_decide_all": []}
     steps, warm = [0], [False]
     upstream = scheduler.Scheduler.speedup_by_fusion
 
@@ -58,6 +62,14 @@ def main() -> None:
                 lookup_or_decide(plan, budget, store)  # the first compile stores them: later ones hit
                 if warm[0]:
                     times["lookup, a plan"].append(time.perf_counter() - start)
+            ways = [("new step, a lookup a plan", lambda b: [lookup_or_decide(p, b, store) for p in plans]),
+                    ("new step, one lookup_or_decide_all", lambda b: lookup_or_decide_all(plans, b, store))]
+            for name, way in ways[::-1] if steps[0] % 2 else ways:
+                fresh = Budget(budget.device_kind, budget.total_memory, 0.5 + len(times[name]) * 1e-9 + 0.1 * (
+                    name == ways[1][0]))  # keys no lookup has seen
+                start = time.perf_counter()
+                way(fresh)
+                times[name].append(time.perf_counter() - start)
             steps[0] += 1
         return upstream(self, node1, node2)
 
@@ -74,6 +86,8 @@ def main() -> None:
     print("| piece | calls | us |\n|---|---|---|")
     for name, values in times.items():
         print(f"| {name} | {len(values)} | {1e6 * statistics.median(values):.0f} |")
+    one, each = (statistics.median(times[k]) for k in ("new step, one lookup_or_decide_all", "new step, a lookup a plan"))
+    print(f"a new step in one lookup_or_decide_all: {one / each:.2f}x the time of a lookup a plan")
 
 
 if __name__ == "__main__":
