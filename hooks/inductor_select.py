@@ -79,6 +79,7 @@ class _Converter:
         self.statics: dict[str, int] = {}
         self.labels: dict[str, str] = {}
         self.axes: set[str] = set()
+        self._converted: dict[Any, tuple[Expr, list[str]]] = {}
 
     def _family(self, sym: Any) -> int:
         """``sym``'s value in plans (its bucket's bound, or its hint), its label recorded."""
@@ -91,18 +92,25 @@ class _Converter:
         return bucket.high
 
     def expr(self, e: Any) -> Expr:
+        """``e`` over axes; each distinct expression converted once (a fusion step's buffers share a few)."""
         if isinstance(e, int):
             return Const(int(e))
-        e = sympy.sympify(e)
+        if e not in self._converted:
+            self._converted[e] = self._convert(sympy.sympify(e))
+        converted, names = self._converted[e]
+        self.axes.update(names)
+        return converted
+
+    def _convert(self, e: Any) -> tuple[Expr, list[str]]:
         for sym in e.free_symbols:
             if sym.name not in self.statics:
                 self.statics[sym.name] = self._family(sym)
-            self.axes.add(sym.name)
+        names = [sym.name for sym in e.free_symbols]
         try:
             converted = expr_from_sympy(e)
         except NotBounded:
-            return self._at_hint(e)  # the benchmark uses the concrete hint anyway
-        return converted if grows(converted) else self._at_hint(e)
+            return self._at_hint(e), names  # the benchmark uses the concrete hint anyway
+        return converted if grows(converted) else self._at_hint(e), names
 
     def _at_hint(self, e: Any) -> Const:
         if any(families.retarget(h) != h for h in map(self.hint, e.free_symbols)):
