@@ -459,22 +459,61 @@ def trace_lookups() -> None:
 
     gc.callbacks.append(on_gc)
 
-    def traced(plan: Any, *rest: Any) -> Any:
+    def traced(plans: Any, *rest: Any) -> Any:
         cpu_before = time.thread_time()
         start, gc_before = time.perf_counter(), collected["seconds"]
-        out = inner(plan, *rest)
+        outs = inner(plans, *rest)
         elapsed = time.perf_counter() - start
         cpu = time.thread_time() - cpu_before
-        groups = 1
-        for feature in plan.group_features:
-            groups *= len(feature.buckets) + 1
-        print(f"  lookup {plan.kernel_name[:40]:40s} features {len(plan.group_features)} groups <= {groups} "
-              f"args {len(plan.args)} hit {out.hit} {1e3 * elapsed:.2f} ms, CPU {1e3 * cpu:.2f} ms "
-              f"(gc {1e3 * (collected['seconds'] - gc_before):.2f} ms; threads {threading.active_count()})",
-              flush=True)
-        return out
+        for plan, out in zip(plans, outs):  # a step's plans: the times are the step's
+            groups = 1
+            for feature in plan.group_features:
+                groups *= len(feature.buckets) + 1
+            print(f"  lookup {plan.kernel_name[:40]:40s} features {len(plan.group_features)} groups <= {groups} "
+                  f"args {len(plan.args)} hit {out.hit} {1e3 * elapsed:.2f} ms, CPU {1e3 * cpu:.2f} ms "
+                  f"(gc {1e3 * (collected['seconds'] - gc_before):.2f} ms; threads {threading.active_count()}; "
+                  f"step of {len(plans)})", flush=True)
+        return outs
 
     service._lookup_or_decide = traced
+
+
+#: ``--pieces``: (calls, the compiling thread's CPU seconds) per piece of a guarded step (``trace_pieces``)
+PIECES: dict[str, list[float]] = {}
+
+
+def trace_pieces() -> None:
+    """With ``--pieces``: the compiling thread's CPU in each piece of prescreen's steps (plans, key, store read,
+    decision, entry, store write, budget), so a device run says where a step's CPU goes without a profiler
+    (cProfile records every thread on Python 3.12). Nested pieces are in their callers' time too."""
+    from prescreen import service
+    from prescreen.hooks import inductor_fusion, inductor_select, state, triton_autotune
+    from prescreen.store.disk import DiskStore
+    from prescreen.store.entry import Entry
+
+    for owner, attr, label in ((inductor_fusion, "plans_for_fusion", "plans: fusion"),
+                               (inductor_select, "plan_for_selection", "plans: selection"),
+                               (triton_autotune, "plan_for_autotuner", "plans: runtime"),
+                               (state, "budget_for", "budget"), (service, "build_key", "key"),
+                               (DiskStore, "lookup", "store read"), (service, "decide_with_representatives", "decide"),
+                               (Entry, "new", "entry"), (DiskStore, "put_all", "store write")):
+        PIECES[label] = slot = [0, 0.0]
+        fn = inspect.getattr_static(owner, attr)
+        wrapped = _piece(fn.__func__ if isinstance(fn, staticmethod) else fn, slot)
+        setattr(owner, attr, staticmethod(wrapped) if isinstance(fn, staticmethod) else wrapped)
+
+
+def _piece(fn: Callable[..., Any], slot: list[float]) -> Callable[..., Any]:
+    @functools.wraps(fn)  # keeps the signature prescreen checks
+    def call(*args: Any, **kwargs: Any) -> Any:
+        start = time.thread_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            slot[0] += 1
+            slot[1] += time.thread_time() - start
+
+    return call
 
 
 def instrument(meter: Meter) -> None:
@@ -622,6 +661,10 @@ def run_case(name: str, meter: Meter, clock: GuardClock) -> dict[str, Any]:
     row["guard_system_cpu_ms"], row["guard_waits"] = round(system * 1000, 2), int(switches)
     row["largest_lookup_estimate"] = COUNTERS.largest_estimate
     COUNTERS.largest_estimate = max(largest_before, COUNTERS.largest_estimate)
+    if PIECES:  # this case's, then cleared for the next
+        row["pieces_cpu_ms"] = {k: [int(n), round(1000 * cpu, 3)] for k, (n, cpu) in PIECES.items() if n}
+        for slot in PIECES.values():
+            slot[:] = [0, 0.0]
     row["steps"] = list(meter.steps)
     del inputs, fn
     torch.cuda.empty_cache()
@@ -653,6 +696,8 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--json", default=None)
     ap.add_argument("--trace-lookups", action="store_true", help="print every lookup that reads the store or decides")
+    ap.add_argument("--pieces", action="store_true", help="each case's row gets the compiling thread's CPU ms and "
+                    "calls per piece of prescreen's steps (pieces_cpu_ms)")
     ap.add_argument("--sqlite-mmap", type=int, default=None, metavar="BYTES",
                     help="how much of the store's database SQLite memory-maps (prescreen maps none, diskcache 64 MiB); "
                          "to compare the two, each in its own store directory (the setting is kept there)")
@@ -685,6 +730,8 @@ def main() -> None:
     clock.above()
     if args.trace_lookups:
         trace_lookups()
+    if args.pieces:
+        trace_pieces()
     _BUDGET = Budget.for_device(torch.device(dev, 0), None, 1.0)
     meter = Meter()
     instrument(meter)

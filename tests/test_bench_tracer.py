@@ -7,6 +7,7 @@ would, and the run measured nothing). This runs the wrapper where CI can.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
 
@@ -65,3 +66,29 @@ def test_meter_tells_other_threads_work_from_an_idle_wait(tmp_path: Path, monkey
         assert wall["x"] >= 0.19 and own["x"] < 0.05
         assert (others >= 0.15) is busy, (fn, wall, own, process)
         assert waits["x"][1] >= 1 and 0 <= waits["x"][0] <= own["x"] + 1e-3  # it waited: a voluntary switch
+
+
+def test_pieces_count_each_piece_of_a_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--pieces`` times each piece of a step where a device run calls it: a new decision reads, decides, makes
+    an entry and writes once; its hit only reads."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    import bench_cold_lookup
+    import gpu_coverage
+
+    from prescreen.hooks import inductor_fusion, inductor_select, state, triton_autotune
+    from prescreen.store.entry import Entry
+
+    for owner, attr in ((inductor_fusion, "plans_for_fusion"), (inductor_select, "plan_for_selection"),
+                        (triton_autotune, "plan_for_autotuner"), (state, "budget_for"), (service, "build_key"),
+                        (DiskStore, "lookup"), (service, "decide_with_representatives"), (Entry, "new"),
+                        (DiskStore, "put_all")):  # put back afterwards
+        monkeypatch.setattr(owner, attr, inspect.getattr_static(owner, attr))
+    monkeypatch.setattr(gpu_coverage, "PIECES", {})
+    gpu_coverage.trace_pieces()
+    budget = Budget("cuda", 140 * 2**30, 0.9)
+    with DiskStore(tmp_path) as store:
+        for _ in range(2):
+            service.lookup_or_decide(bench_cold_lookup.runtime_plan(1), budget, store)
+    calls = {k: int(n) for k, (n, _) in gpu_coverage.PIECES.items() if n}
+    assert calls == {"key": 2, "store read": 2, "decide": 1, "entry": 1, "store write": 1}
+    assert all(cpu > 0 for n, cpu in gpu_coverage.PIECES.values() if n)
