@@ -38,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from prescreen import service
@@ -89,16 +89,18 @@ def entry(seed: int) -> Entry:
 
 
 class _AckStore(DiskStore):
-    """A disk store that logs each acknowledged put (``seed key``) after ``put`` returned True."""
+    """A disk store that logs each acknowledged put (``seed key``) after ``put_all`` (which ``put`` and the service
+    write through) returned True for it."""
 
     log_fd = -1
     seed_of: dict[str, int] = {}
 
-    def put(self, e: Entry) -> bool:
-        ok = super().put(e)
-        if ok:
-            os.write(self.log_fd, f"{self.seed_of.get(e.key, -1)} {e.key}\n".encode())
-        return ok
+    def put_all(self, entries: Sequence[Entry]) -> list[bool]:
+        stored = super().put_all(entries)
+        for e, ok in zip(entries, stored):
+            if ok:
+                os.write(self.log_fd, f"{self.seed_of.get(e.key, -1)} {e.key}\n".encode())
+        return stored
 
 
 def child(kind: str, directory: str, log: str, start: int, extra: str) -> None:
