@@ -164,28 +164,6 @@ def test_an_observed_oom_recorded_here_is_served_at_the_next_lookup(tmp_path: Pa
         assert stored is not None and stored.decision == after.decision
 
 
-def test_a_put_that_loses_to_another_process_s_fact_answers_with_the_fact(tmp_path: Path) -> None:
-    """Another process's entry got there between this lookup's read and its put: this lookup answers with it
-    (a fact outranks the computed tune), and so does the next one."""
-    plan = make_plan(SEED)
-    with DiskStore(tmp_path) as store:
-        observed = record_observed_oom(plan, BUDGET, None, requested_bytes=1, free_bytes=2).entry
-        assert observed is not None
-        key = observed.key
-        real_put = store.put
-
-        def racing_put(entry: Entry) -> bool:
-            real_put(observed)  # "another process" stores its observed_oom first
-            return real_put(entry)
-
-        store.put = racing_put  # type: ignore[method-assign]
-        computed = lookup_or_decide(plan, BUDGET, store)
-        assert computed.hit and is_observed_oom(computed.decision)
-        store.put = real_put  # type: ignore[method-assign]
-        again = lookup_or_decide(plan, BUDGET, store)
-        assert again.hit and is_observed_oom(again.decision) and again.key == key
-
-
 def test_a_delete_made_beside_the_service_is_seen_at_the_next_lookup(tmp_path: Path) -> None:
     plan = make_plan(SEED)
     with DiskStore(tmp_path) as store:

@@ -135,7 +135,10 @@ def test_tiered_read_through_and_write_both(redis_url: str, client: redis.Redis,
         assert tiered.local.get(entry.key) is not None
         assert tiered.put(other)
         assert tiered.local.get(other.key) is not None and remote.get(other.key) is not None
-        assert tiered.stats().entries == 2 and tiered.stats().healthy
+        step = [make_entry(22), other, make_entry(23)]  # a step's new entries: one write a tier, each stored once
+        assert tiered.put_all(step) == [True, False, True]
+        assert all(tier.get(e.key) is not None for tier in (tiered.local, remote) for e in step)
+        assert tiered.stats().entries == 4 and tiered.stats().healthy
         assert tiered.delete([entry.key]) == 1
         assert tiered.get(entry.key) is None
 

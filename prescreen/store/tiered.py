@@ -5,7 +5,7 @@ always), and a stricter remote entry replaces it; a local fallback is served wit
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from prescreen.store.base import Store, StoreStats
 from prescreen.store.entry import Entry, outranks
@@ -70,8 +70,12 @@ class TieredStore(Store):
         self._checked[key] = time.monotonic()
 
     def put(self, entry: Entry) -> bool:
-        stored_locally = self.local.put(entry)
-        return self.remote.put(entry) or stored_locally
+        return self.put_all([entry])[0]
+
+    def put_all(self, entries: Sequence[Entry]) -> list[bool]:
+        """Each tier's ``put_all`` (the local one's in one transaction); stored where either tier stored it."""
+        local = self.local.put_all(entries)
+        return [remote or mine for remote, mine in zip(self.remote.put_all(entries), local)]
 
     def entries(self) -> Iterator[Entry]:
         seen: set[str] = set()
