@@ -482,21 +482,26 @@ def trace_lookups() -> None:
 PIECES: dict[str, list[float]] = {}
 
 
-def trace_pieces() -> None:
-    """With ``--pieces``: the compiling thread's CPU in each piece of prescreen's steps (plans, key, store read,
-    decision, entry, store write, budget), so a device run says where a step's CPU goes without a profiler
-    (cProfile records every thread on Python 3.12). Nested pieces are in their callers' time too."""
+def piece_sites() -> list[tuple[Any, str, str]]:
+    """(owner, attribute, label) of each piece ``--pieces`` times."""
     from prescreen import service
     from prescreen.hooks import inductor_fusion, inductor_select, state, triton_autotune
     from prescreen.store.disk import DiskStore
     from prescreen.store.entry import Entry
 
-    for owner, attr, label in ((inductor_fusion, "plans_for_fusion", "plans: fusion"),
-                               (inductor_select, "plan_for_selection", "plans: selection"),
-                               (triton_autotune, "plan_for_autotuner", "plans: runtime"),
-                               (state, "budget_for", "budget"), (service, "build_key", "key"),
-                               (DiskStore, "lookup", "store read"), (service, "decide_with_representatives", "decide"),
-                               (Entry, "new", "entry"), (DiskStore, "put_all", "store write")):
+    return [(inductor_fusion, "plans_for_fusion", "plans: fusion"),
+            (inductor_select, "plan_for_selection", "plans: selection"),
+            (triton_autotune, "plan_for_autotuner", "plans: runtime"),
+            (state, "budget_for", "budget"), (service, "build_key", "key"),
+            (DiskStore, "lookup", "store read"), (service, "decide_with_representatives", "decide"),
+            (Entry, "new", "entry"), (DiskStore, "put_all", "store write")]
+
+
+def trace_pieces() -> None:
+    """With ``--pieces``: the compiling thread's CPU in each piece of prescreen's steps (plans, key, store read,
+    decision, entry, store write, budget), so a device run says where a step's CPU goes without a profiler
+    (cProfile records every thread on Python 3.12). Nested pieces are in their callers' time too."""
+    for owner, attr, label in piece_sites():
         PIECES[label] = slot = [0, 0.0]
         fn = inspect.getattr_static(owner, attr)
         wrapped = _piece(fn.__func__ if isinstance(fn, staticmethod) else fn, slot)

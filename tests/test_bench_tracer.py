@@ -75,13 +75,7 @@ def test_pieces_count_each_piece_of_a_lookup(tmp_path: Path, monkeypatch: pytest
     import bench_cold_lookup
     import gpu_coverage
 
-    from prescreen.hooks import inductor_fusion, inductor_select, state, triton_autotune
-    from prescreen.store.entry import Entry
-
-    for owner, attr in ((inductor_fusion, "plans_for_fusion"), (inductor_select, "plan_for_selection"),
-                        (triton_autotune, "plan_for_autotuner"), (state, "budget_for"), (service, "build_key"),
-                        (DiskStore, "lookup"), (service, "decide_with_representatives"), (Entry, "new"),
-                        (DiskStore, "put_all")):  # put back afterwards
+    for owner, attr, _ in gpu_coverage.piece_sites():  # put back afterwards
         monkeypatch.setattr(owner, attr, inspect.getattr_static(owner, attr))
     monkeypatch.setattr(gpu_coverage, "PIECES", {})
     gpu_coverage.trace_pieces()
