@@ -120,18 +120,13 @@ def decode_bucket_indices(group_id: int, features: tuple[GroupFeature, ...]) -> 
     return tuple(out)
 
 
-def _bounds(feature: GroupFeature, idx: int) -> tuple[int, int | None]:
+def _feature_representative(
+    feature: GroupFeature, idx: int, statics: dict[str, int]
+) -> tuple[int, tuple[tuple[str, int], ...]] | None:
     if not feature.buckets:
         raise NotBounded(Reason.UNSUPPORTED_GROUPING, f"group feature {feature.name!r} has an empty bucket list")
     lower = feature.buckets[idx - 1] if idx > 0 else 0
     upper = feature.buckets[idx] if idx < len(feature.buckets) else None
-    return lower, upper
-
-
-def _feature_representative(
-    feature: GroupFeature, idx: int, statics: dict[str, int]
-) -> tuple[int, tuple[tuple[str, int], ...]] | None:
-    lower, upper = _bounds(feature, idx)
     if not feature.axis_names or feature.source in ("primary_axis", "axis"):
         value = 2 * lower if upper is None else upper
         if not feature.axis_names:

@@ -16,7 +16,7 @@ from test_store_support import BUDGET, entry_fields, entry_text, make_entry, mak
 
 from prescreen.decision import decide
 from prescreen.errors import ConfigError
-from prescreen.service import lookup_or_decide, lookup_or_decide_all
+from prescreen.service import lookup_or_decide, lookup_or_decide_all, record_observed_oom
 from prescreen.store import (
     DiskStore,
     NullStore,
@@ -252,9 +252,10 @@ def test_large_entries_are_text_files(tmp_path: Path) -> None:
         assert store.get(entry.key).decision == entry.decision
 
 
-def test_eviction_under_a_small_size_limit(tmp_path: Path) -> None:
+def test_eviction_under_a_small_size_limit_keeps_observed_ooms_last(tmp_path: Path) -> None:
     limit = 96 * 1024
     with DiskStore(tmp_path / "c", size_limit=limit) as store:
+        fact = record_observed_oom(make_plan(80), BUDGET, store, requested_bytes=2**30, free_bytes=0)  # stored first
         entries = [make_entry(seed) for seed in range(80)]
         for entry in entries:
             assert store.put(entry)
@@ -262,6 +263,7 @@ def test_eviction_under_a_small_size_limit(tmp_path: Path) -> None:
         stats = store.stats()
     assert 0 < len(keys) < len(entries)
     assert entries[0].key not in keys and entries[-1].key in keys  # least recently stored went first
+    assert fact.key in keys  # but an observed OOM goes last
     assert stats.size_bytes is not None and stats.size_bytes < 2 * limit
 
 

@@ -15,7 +15,7 @@ import pytest
 from test_store_support import BUDGET, make_entry, make_plan
 
 from prescreen.decision import decide
-from prescreen.service import lookup_or_decide
+from prescreen.service import lookup_or_decide, record_observed_oom
 from prescreen.store import DiskStore
 from prescreen.store.entry import Entry
 
@@ -171,6 +171,23 @@ def test_salvage_never_loads_a_huge_value(tmp_path: Path) -> None:
     finally:
         tracemalloc.stop()
     assert peak < 16 * 2**20, peak
+
+
+def test_a_restored_observed_oom_is_still_evicted_last(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    entries = [make_entry(seed) for seed in range(40)]
+    with DiskStore(directory) as store:
+        fact = record_observed_oom(make_plan(99), BUDGET, store, requested_bytes=2**30, free_bytes=0)
+        for entry in entries:
+            assert store.put(entry)
+    _damage_page_holding(directory / "cache.db", _marker(entries[30]))
+    with DiskStore(directory, size_limit=96 * 1024) as store:
+        store.get(entries[30].key)  # meets the destroyed page: the fact is restored first, the oldest row
+        assert store.recovered is not None
+        for seed in range(100, 180):
+            assert store.put(make_entry(seed))
+        keys = set(store.keys())
+    assert entries[0].key not in keys and fact.key in keys
 
 
 _LIVE_WRITER = """

@@ -26,6 +26,7 @@ from prescreen.store.base import Store, StoreStats, log
 from prescreen.store.entry import Entry, outranks
 from prescreen.store.recovery import LOCK_NAME, file_id, recover, recovery_lock, remove_orphans, resume
 from prescreen.store.textdisk import (
+    EVICT_LAST,
     HITS_PREFIX,
     BoundedOpenCache,
     Fault,
@@ -321,15 +322,16 @@ class DiskStore(Store):
         texts = [(entry, entry.with_hits(0).to_json(self.signer)) for entry in entries]
 
         def add(cache: BoundedOpenCache, entry: Entry, text: str) -> bool:
-            if cache.add(entry.key, text):
-                return True
-            there = self.decode(entry.key, cache.get(entry.key), warn=False)
-            if there is not None and not outranks(entry.decision, there.decision):
-                return False
-            cache.set(entry.key, text)
-            cache.delete(HITS_PREFIX + entry.key)
-            log.info("prescreen disk store: replaced %s under %s", "an invalid value" if there is None
-                     else f"a {there.decision.action} by a stricter entry", entry.key[:12])
+            if not cache.add(entry.key, text):
+                there = self.decode(entry.key, cache.get(entry.key), warn=False)
+                if there is not None and not outranks(entry.decision, there.decision):
+                    return False
+                cache.set(entry.key, text)
+                cache.delete(HITS_PREFIX + entry.key)
+                log.info("prescreen disk store: replaced %s under %s", "an invalid value" if there is None
+                         else f"a {there.decision.action} by a stricter entry", entry.key[:12])
+            if is_observed_oom(entry.decision):
+                cache._sql(EVICT_LAST, (entry.key,))
             return True
 
         def add_all(cache: BoundedOpenCache) -> list[bool]:

@@ -20,8 +20,9 @@ from pathlib import Path
 import diskcache
 from diskcache.core import DBNAME
 
+from prescreen.decision import is_observed_oom
 from prescreen.store.entry import MAX_ENTRY_BYTES, InvalidEntry, read_stored
-from prescreen.store.textdisk import BoundedOpenCache, Fault, TextDisk, classify, read_value_file
+from prescreen.store.textdisk import EVICT_LAST, BoundedOpenCache, Fault, TextDisk, classify, read_value_file
 from prescreen.store.trust import Signer, create_private_file, open_regular, value_file
 
 log = logging.getLogger("prescreen.store")
@@ -169,7 +170,11 @@ def _restore(cache: diskcache.Cache, text: str, signer: Signer | None) -> bool:
         entry, _unverified = read_stored(text, signer=signer)
     except InvalidEntry:
         return False
-    return bool(cache.add(entry.key, text))
+    if not cache.add(entry.key, text):
+        return False
+    if is_observed_oom(entry.decision):
+        cache._sql(EVICT_LAST, (entry.key,))
+    return True
 
 
 def remove_orphans(cache: diskcache.Cache, directory: Path, restore: Callable[[str], bool] | None = None) -> int:

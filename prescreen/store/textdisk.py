@@ -28,6 +28,9 @@ from prescreen.store.trust import NotRegularFile, create_private_file, open_regu
 HITS_PREFIX = "hits:"  # a hit counter, an integer, lives under this prefix + the entry's key
 MAX_HITS = 2**62  # counters saturate here, far inside SQLite's 64-bit integers
 KEY_ROWS = "SELECT key, filename FROM Cache WHERE raw = 1 ORDER BY rowid"  # (key, value file) of text-keyed rows
+#: Marks an observed OOM's row (the fact the store most needs) for the size limit to evict after every other:
+#: ``least-recently-stored`` eviction goes by ``store_time``, here set past any time (9e999 is SQLite's infinity).
+EVICT_LAST = "UPDATE Cache SET store_time = 9e999 WHERE key = ? AND raw = 1"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
