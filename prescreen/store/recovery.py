@@ -170,11 +170,11 @@ def _restore(cache: diskcache.Cache, text: str, signer: Signer | None) -> bool:
         entry, _unverified = read_stored(text, signer=signer)
     except InvalidEntry:
         return False
-    if not cache.add(entry.key, text):
-        return False
-    if is_observed_oom(entry.decision):
-        cache._sql(EVICT_LAST, (entry.key,))
-    return True
+    with cache.transact():  # a fact and its mark together: a salvage killed between them would not mark it
+        added = bool(cache.add(entry.key, text))
+        if added and is_observed_oom(entry.decision):
+            cache._sql(EVICT_LAST, (entry.key,))
+    return added
 
 
 def remove_orphans(cache: diskcache.Cache, directory: Path, restore: Callable[[str], bool] | None = None) -> int:
